@@ -1,0 +1,59 @@
+"""`python -m framework`: the Hydra app.
+
+    python -m framework                                   # the embedded defaults
+    python -m framework scheduler=1f1b cluster=uniform    # pick components by config group
+    python -m framework -m scheduler=gpipe,1f1b           # a sweep: one MLflow parent run
+    python -m framework --plugins                         # registered names per group
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from framework import registry
+from framework.errors import PipelabError
+
+
+# an absolute path: Hydra resolves relative ones against the module, which fails under `-m`
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def app(cfg: DictConfig) -> float | None:
+    from framework.job import Job
+    from framework.tracking import parent_run_id
+
+    hc = HydraConfig.get()
+    try:
+        job = Job(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task), parent_run_id=parent_run_id())
+        summary = job.run()
+    except PipelabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted: the MLflow run is marked FAILED; outputs so far are in " + hc.runtime.output_dir, file=sys.stderr)
+        sys.exit(130)
+    m = summary["metrics"]
+    parts = [f"virtual time {summary['virtual_time_s']:.4g}s", f"bubble {summary['bubble_frac']:.3f}"]
+    for k in ("val/acc", "test/acc"):
+        if k in m:
+            parts.append(f"{k} {m[k]:.4f}")
+    print(f"{cfg.scheduler.name}: " + ", ".join(parts) + f"  ->  {hc.runtime.output_dir}")
+    return m.get("val/acc")  # the value a Hydra sweeper would optimise
+
+
+def main() -> None:
+    if "--plugins" in sys.argv[1:]:
+        print(registry.describe())
+        return
+    registry.load_plugins()  # plugin schemas must be in the ConfigStore before Hydra composes
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,352 @@
+"""Devices and links: how long compute and transfers take.
+
+Devices
+-------
+A device turns a piece of work (`Work`: forward/backward/step of a unit range at some batch
+size, or a fixed number of seconds) into seconds, by one of three time models:
+
+- `analytic`: FLOPs / `flops_per_s`, with per-layer-kind factors (`kind_factors`, e.g.
+  `{depthwise: 3.0}`) so that FLOPs alone cannot predict the device, as on real hardware.
+  Backward costs `backward_ratio` x forward; the optimizer step `step_flops_per_param`.
+  Exact and free: the default for tests and planners.
+- `profile`: per-unit forward/backward/step times measured once on this host at the run's
+  batch size (median of repeats), cached on disk, times `slowdown` (and kind factors).
+  Deterministic once cached.
+- `measured`: the wall time of the real call times `slowdown`. Not deterministic.
+
+Links
+-----
+A directed link has a bandwidth (bit/s, `inf` = instantaneous), a one-way latency, a loss
+probability and an optional piecewise-constant bandwidth trace. Transfers on one channel are
+FIFO: a message starts when the channel is free, occupies it for size/bandwidth, and arrives
+`latency` later. Every link has its own channel (full duplex), unless the cluster is a
+`shared_medium`, where all links share one (a WLAN hotspot: one transfer at a time). A lost
+message of a reliable send is retransmitted after `retransmit_timeout_s` (head-of-line
+blocking, as TCP); an unreliable send just never arrives.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import math
+import os
+import random
+import time
+import zlib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from framework.config import DeviceConfig, LinkConfig
+from framework.errors import ConfigError
+
+TIME_MODELS = ("analytic", "profile", "measured")
+
+
+@dataclass(frozen=True)
+class Work:
+    """A piece of compute: `kind` in fwd/bwd/step over units [start, stop) at `batch` samples,
+    or a fixed `seconds` (codecs, aggregation, anything a plugin prices itself)."""
+
+    kind: str
+    start: int = 0
+    stop: int = 0
+    batch: int = 0
+    seconds: float | None = None
+
+
+class Device:
+    def __init__(self, name: str, cfg: DeviceConfig, infos=None, profile=None):
+        self.name = name
+        self.cfg = cfg
+        self.infos = infos or []
+        self.profile = profile  # {"fwd": [...], "bwd": [...], "step": [...], "batch": B} host seconds
+        if cfg.time_model not in TIME_MODELS:
+            raise ConfigError(f"cluster.devices.{name}.time_model", f"{cfg.time_model!r} is not a time model; choices: {', '.join(TIME_MODELS)}")
+        if cfg.time_model == "profile" and profile is None:
+            raise ValueError(f"device {name}: the profile time model needs a host profile")
+        self._unit_factor = [self._kind_factor(i) for i in self.infos]
+
+    def _kind_factor(self, info) -> float:
+        kf = self.cfg.kind_factors
+        if not kf or info.flops <= 0:
+            return 1.0
+        return sum(f * kf.get(k, 1.0) for k, f in info.flops_by_kind.items()) / info.flops
+
+    @property
+    def slots(self) -> int:
+        return max(1, int(self.cfg.slots))
+
+    def time(self, work: Work, wall_s: float | None = None) -> float:
+        """Seconds this device needs for `work`; `wall_s` is the host's measured time of the call."""
+        if work.seconds is not None:
+            return float(work.seconds)
+        cfg = self.cfg
+        units = range(work.start, work.stop)
+        if cfg.time_model == "analytic":
+            if work.kind == "step":
+                params = sum(self.infos[i].params for i in units)
+                return cfg.step_flops_per_param * params / cfg.flops_per_s
+            flops = sum(self.infos[i].flops * self._unit_factor[i] for i in units) * work.batch
+            if work.kind == "bwd":
+                flops *= cfg.backward_ratio
+            return flops / cfg.flops_per_s
+        if cfg.time_model == "profile":
+            table = self.profile[work.kind]
+            scale = 1.0 if work.kind == "step" else work.batch / self.profile["batch"]
+            return cfg.slowdown * scale * sum(table[i] * self._unit_factor[i] for i in units)
+        # measured
+        if wall_s is None:
+            raise ValueError(f"device {self.name}: the measured time model needs the call's wall time")
+        return cfg.slowdown * wall_s
+
+
+class Channel:
+    """A medium that carries one transfer at a time; `free_at` is when it next is idle."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.free_at = 0.0
+
+
+class Link:
+    def __init__(self, src: str, dst: str, cfg: LinkConfig, channel: Channel, seed: int):
+        self.src, self.dst, self.cfg, self.channel = src, dst, cfg, channel
+        self.name = f"{src}->{dst}"
+        if cfg.bandwidth_bps <= 0:
+            raise ConfigError(f"cluster.links.{self.name}.bandwidth_bps", f"must be > 0 bit/s (or .inf), got {cfg.bandwidth_bps}")
+        if cfg.latency_s < 0:
+            raise ConfigError(f"cluster.links.{self.name}.latency_s", f"must be >= 0, got {cfg.latency_s}")
+        if not 0.0 <= cfg.loss < 1.0:
+            raise ConfigError(f"cluster.links.{self.name}.loss", f"must be in [0, 1), got {cfg.loss}")
+        self.trace = sorted((float(t), float(b)) for t, b in cfg.trace) if cfg.trace else None
+        self.rng = random.Random(zlib.crc32(f"{seed}:{self.name}".encode()))
+
+    def bandwidth_at(self, t: float) -> float:
+        bw = self.cfg.bandwidth_bps
+        if self.trace:
+            for t0, b in self.trace:
+                if t0 <= t:
+                    bw = b
+        return bw
+
+    def tx_time(self, nbytes: int, start: float) -> float:
+        """Seconds to push `nbytes` onto the link starting at `start` (integrates the trace)."""
+        bits = 8.0 * nbytes
+        if not self.trace:
+            bw = self.cfg.bandwidth_bps
+            return 0.0 if math.isinf(bw) else bits / bw
+        t = start
+        changes = [t0 for t0, _ in self.trace if t0 > start]
+        while True:
+            bw = self.bandwidth_at(t)
+            nxt = changes.pop(0) if changes else math.inf
+            if math.isinf(bw):
+                return t - start
+            can = (nxt - t) * bw
+            if bits <= can:
+                return t + bits / bw - start
+            bits -= can
+            t = nxt
+
+    def schedule(self, nbytes: int, now: float, reliable: bool = True):
+        """Reserve the channel for one message sent at `now`.
+
+        Returns (attempts, arrival or None if lost): `attempts` is a list of (start, end) busy
+        intervals on the channel, one per transmission."""
+        attempts = []
+        t = now
+        while True:
+            start = max(t, self.channel.free_at)
+            end = start + self.tx_time(nbytes, start)
+            self.channel.free_at = end
+            attempts.append((start, end))
+            lost = self.cfg.loss > 0 and self.rng.random() < self.cfg.loss
+            if not lost:
+                return attempts, end + self.cfg.latency_s
+            if not reliable:
+                return attempts, None
+            t = end + self.cfg.retransmit_timeout_s
+
+
+def _merge(dc_cls, base, override: dict, where: str):
+    """A copy of dataclass `base` with `override`'s keys; unknown keys fail naming the choices."""
+    valid = {f.name for f in fields(dc_cls)}
+    values = {f.name: getattr(base, f.name) for f in fields(dc_cls)}
+    for k, v in (override or {}).items():
+        if k not in valid:
+            raise ConfigError(f"{where}.{k}", f"unknown key; valid keys: {', '.join(sorted(valid))}")
+        values[k] = v
+    obj = dc_cls(**values)
+    if isinstance(obj, DeviceConfig):
+        obj.kind_factors = dict(obj.kind_factors or {})
+    return obj
+
+
+def _plain(node) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+class Cluster:
+    """The devices and links of a run, built from the `cluster` config group."""
+
+    def __init__(self, cfg, model=None, *, batch_size: int = 1, seed: int = 0, dtype=torch.float32):
+        self.cfg = cfg
+        n = int(cfg.num_devices)
+        if n < 1:
+            raise ConfigError("cluster.num_devices", f"must be >= 1, got {n}")
+        base_dev = _merge(DeviceConfig, DeviceConfig(), _plain(cfg.device), "cluster.device")
+        overrides = _plain(cfg.devices) or {}
+        names = [f"dev{i}" for i in range(n)]
+        names += [k for k in overrides if k not in names and not _is_dev_index(k)]
+        for k in overrides:
+            if _is_dev_index(k) and k not in names:
+                raise ConfigError(f"cluster.devices.{k}", f"no such device: the cluster has {n} devices dev0..dev{n - 1}")
+        infos = model.infos if model is not None else []
+        self.devices: dict[str, Device] = {}
+        profile = None
+        for name in names:
+            dcfg = _merge(DeviceConfig, base_dev, overrides.get(name), f"cluster.devices.{name}")
+            if dcfg.time_model == "profile" and profile is None:
+                if model is None:
+                    raise ValueError("the profile time model needs the model")
+                profile = host_profile(model, batch_size, dtype)
+            self.devices[name] = Device(name, dcfg, infos, profile)
+
+        base_link = _merge(LinkConfig, LinkConfig(), _plain(cfg.link), "cluster.link")
+        link_over = _plain(cfg.links) or {}
+        for pattern in link_over:
+            src, dst = _split_link(pattern)
+            for side in (src, dst):
+                if not any(ch in side for ch in "*?[") and side not in self.devices:
+                    raise ConfigError(f"cluster.links.{pattern}", f"device {side!r} does not exist; devices: {', '.join(self.devices)}")
+        shared = Channel("medium") if cfg.shared_medium else None
+        self.channels = [shared] if shared else []
+        self.links: dict[tuple[str, str], Link] = {}
+        for a in self.devices:
+            for b in self.devices:
+                if a == b:
+                    continue
+                over: dict = {}
+                for pattern, values in link_over.items():  # later patterns win
+                    ps, pd = _split_link(pattern)
+                    if fnmatch.fnmatchcase(a, ps) and fnmatch.fnmatchcase(b, pd):
+                        over.update(values or {})
+                lcfg = _merge(LinkConfig, base_link, over, f"cluster.links.{a}->{b}")
+                ch = shared or Channel(f"{a}->{b}")
+                if not shared:
+                    self.channels.append(ch)
+                self.links[(a, b)] = Link(a, b, lcfg, ch, seed)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.devices)
+
+    def device(self, name: str) -> Device:
+        try:
+            return self.devices[name]
+        except KeyError:
+            raise ConfigError("cluster", f"no device {name!r}; devices: {', '.join(self.devices)}") from None
+
+    def link(self, src: str, dst: str) -> Link | None:
+        """The link from device src to dst; None within one device (free)."""
+        if src == dst:
+            return None
+        return self.links[(src, dst)]
+
+
+def _is_dev_index(name: str) -> bool:
+    return name.startswith("dev") and name[3:].isdigit()
+
+
+def _split_link(key: str) -> tuple[str, str]:
+    if "->" not in key:
+        raise ConfigError(f"cluster.links.{key}", "link keys are 'src->dst' (glob patterns allowed, e.g. 'dev*->server')")
+    src, dst = key.split("->", 1)
+    return src.strip(), dst.strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# host profiling for the `profile` time model
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("PIPELAB_CACHE", Path.home() / ".cache" / "pipelab")) / "profiles"
+
+
+def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5) -> dict:
+    """Per-unit forward/backward/step seconds of `model` on this host at `batch_size`, cached."""
+    key = json.dumps(
+        {
+            "model": model.name,
+            "units": [(i.name, i.in_shape, i.out_shape, i.params, round(i.flops)) for i in model.infos],
+            "batch": batch_size,
+            "dtype": str(dtype),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        sort_keys=True,
+    )
+    path = _cache_dir() / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass  # a corrupt cache entry is measured again
+    import copy
+
+    rng_state = torch.get_rng_state()
+    units = [copy.deepcopy(u).to(dtype) for u in model.units]
+    x = torch.randn((batch_size, *model.input_shape), dtype=dtype)
+    fwd, bwd, step = [], [], []
+    for u in units:
+        u.train()
+        xin = x.detach().requires_grad_(True)
+        tf, tb = [], []
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            y = u(xin)
+            t1 = time.perf_counter()
+            g = torch.ones_like(y)
+            t2 = time.perf_counter()
+            y.backward(g)
+            t3 = time.perf_counter()
+            if r:  # the first round warms up
+                tf.append(t1 - t0)
+                tb.append(t3 - t2)
+        params = [p for p in u.parameters()]
+        ts = []
+        if params:
+            opt = torch.optim.SGD(params, lr=1e-6, momentum=0.9)
+            for r in range(repeats + 1):
+                t0 = time.perf_counter()
+                opt.step()
+                if r:
+                    ts.append(time.perf_counter() - t0)
+        fwd.append(_median(tf))
+        bwd.append(_median(tb))
+        step.append(_median(ts) if ts else 0.0)
+        x = y.detach()
+    torch.set_rng_state(rng_state)
+    prof = {"batch": batch_size, "fwd": fwd, "bwd": bwd, "step": step}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(prof))
+        tmp.replace(path)
+    except OSError:
+        pass  # an unwritable cache only costs a re-measure next time
+    return prof
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else 0.0

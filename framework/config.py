@@ -1,0 +1,156 @@
+"""Typed config schemas.
+
+Every config group has a base dataclass here; a plugin subclasses it for its own knobs and
+registers the subclass (`registry.register(..., schema=...)`), and its YAML file extends that
+schema through its defaults list (`- /schema/<group>/<name>@_here_`). Hydra then rejects a wrong
+type or an unknown key while composing. Checks that span fields or groups live in
+`framework.validate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+
+
+@dataclass
+class DatasetConfig:
+    name: str = MISSING
+    seed: int = 0  # data generation / split seed (independent of the training seed)
+
+
+@dataclass
+class DeviceConfig:
+    """One device's compute model. See framework/cluster.py for the time models."""
+
+    time_model: str = "analytic"  # analytic | profile | measured
+    flops_per_s: float = 1.0e9  # analytic: sustained FLOP/s of this device
+    slowdown: float = 1.0  # profile/measured: this device is `slowdown` x slower than the host
+    kind_factors: Dict[str, float] = field(default_factory=dict)  # extra factor per layer kind
+    backward_ratio: float = 2.0  # analytic: backward FLOPs = ratio x forward FLOPs
+    step_flops_per_param: float = 4.0  # analytic: optimizer step cost
+    memory_bytes: Optional[float] = None  # capacity; null = unbounded
+    slots: int = 1  # computations that may run at once (server replicas in parallel)
+
+
+@dataclass
+class LinkConfig:
+    """A directed link. Bandwidth in bit/s (.inf = instantaneous), one-way latency in seconds."""
+
+    bandwidth_bps: float = float("inf")
+    latency_s: float = 0.0
+    loss: float = 0.0  # probability that one message is lost
+    retransmit_timeout_s: float = 0.2  # reliable sends resend after this long
+    trace: Optional[List[List[float]]] = None  # [[t_s, bandwidth_bps], ...] piecewise-constant
+
+
+@dataclass
+class ClusterConfig:
+    name: str = MISSING
+    num_devices: int = 2  # devices named dev0 .. dev{n-1}
+    device: DeviceConfig = field(default_factory=DeviceConfig)  # template for every device
+    devices: Dict[str, Any] = field(default_factory=dict)  # per-device overrides, or extra devices (e.g. server)
+    link: LinkConfig = field(default_factory=LinkConfig)  # template for every directed pair
+    links: Dict[str, Any] = field(default_factory=dict)  # overrides keyed "src->dst"; glob patterns allowed
+    shared_medium: bool = False  # all links share one half-duplex channel (one WLAN hotspot)
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = MISSING
+    microbatches: int = 1
+    partition: Any = "even"  # "even" (balanced by predicted cost) or explicit cut indices, e.g. [3, 7]
+    stages: Optional[int] = None  # pipeline depth; null = one stage per device
+
+
+@dataclass
+class CompressorConfig:
+    name: str = "none"
+
+
+@dataclass
+class PredictorConfig:
+    name: str = "oracle"
+
+
+@dataclass
+class TransportConfig:
+    name: str = "inproc"
+
+
+@dataclass
+class RuntimeConfig:
+    name: str = "sim"
+    numerics: bool = True  # false: timing only, no tensor math (planners, 100+ devices)
+    dtype: str = "float32"  # float32 | float64
+    progress: bool = True  # terminal progress bar
+    threads: Optional[int] = None  # torch intra-op threads; null = torch's default
+
+
+@dataclass
+class TrackingConfig:
+    name: str = "mlflow"
+    uri: str = "sqlite:///outputs/mlflow.db"
+    artifact_root: str = "outputs/mlartifacts"
+    experiment: str = "pipelab"
+    flush_every: int = 200  # buffered metrics per batch write
+    gantt_iterations: int = 3  # iterations drawn in timeline.png (the trace holds all)
+    max_trace_events: int = 200_000
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 2
+    batch_size: int = 64
+    optimizer: str = "sgd"  # sgd | adam
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    iterations_per_epoch: Optional[int] = None  # cap (quick runs); null = the whole training split
+    eval_batch_size: int = 512
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    dataset: Any = MISSING
+    cluster: Any = MISSING
+    scheduler: Any = MISSING
+    compressor: Any = MISSING
+    predictor: Any = MISSING
+    transport: Any = MISSING
+    runtime: Any = MISSING
+    tracking: Any = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seed: int = 0
+
+
+BASE_SCHEMAS = {
+    "model": ModelConfig,
+    "dataset": DatasetConfig,
+    "cluster": ClusterConfig,
+    "scheduler": SchedulerConfig,
+    "compressor": CompressorConfig,
+    "predictor": PredictorConfig,
+    "transport": TransportConfig,
+    "runtime": RuntimeConfig,
+    "tracking": TrackingConfig,
+}
+
+
+def store_schemas() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="pipelab_schema", node=Config)
+    for group, schema in BASE_SCHEMAS.items():
+        cs.store(group=f"schema/{group}", name="base", node=schema)
+
+
+store_schemas()

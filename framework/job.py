@@ -1,0 +1,267 @@
+"""One run: build every component from the config, train, evaluate, record.
+
+Everything that can fail on bad input (validation, dataset, model, cluster, scheduler) is
+built before the tracking run starts, so a config error never leaves a run behind. Once the
+run has started it ends FINISHED or FAILED, and what was recorded so far (timeline, summary)
+is written to the run directory either way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from framework import registry
+from framework.cluster import Cluster
+from framework.data import batches, num_batches
+from framework.models import build_model
+from framework.runtime.sim import RuntimeHooks
+from framework.tracking import flatten
+from framework.validate import validate
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+KEY_PARAMS = ("train.epochs", "train.batch_size", "train.lr", "train.optimizer", "seed", "scheduler.microbatches", "scheduler.partition", "cluster.num_devices", "runtime.numerics", "runtime.dtype")
+
+
+def _metric_key(name: str) -> str:
+    return name.replace("->", "_to_")
+
+
+class Job(RuntimeHooks):
+    def __init__(self, cfg, out_dir, *, overrides: list[str] | None = None, parent_run_id: str | None = None):
+        registry.load_plugins()
+        validate(cfg)
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.overrides = overrides or []
+        self.parent_run_id = parent_run_id
+        self.numerics = bool(cfg.runtime.numerics)
+        self.dtype = DTYPES[cfg.runtime.dtype]
+        if cfg.runtime.threads:
+            torch.set_num_threads(int(cfg.runtime.threads))
+        torch.manual_seed(cfg.seed)
+
+        self.dataset = registry.build("dataset", cfg.dataset).to(self.dtype)
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(cfg.model, self.dataset.input_shape, self.dataset.num_classes).to(self.dtype)
+        self.cluster = Cluster(cfg.cluster, self.model, batch_size=cfg.train.batch_size, seed=cfg.seed, dtype=self.dtype)
+        self.predictor = registry.build("predictor", cfg.predictor, self.cluster)
+        self.compressor = registry.build("compressor", cfg.compressor)
+        self.transport = registry.build("transport", cfg.transport)
+        self.scheduler = registry.build("scheduler", cfg.scheduler, self)
+        self.runtime = registry.build("runtime", cfg.runtime, self.cluster, self.compressor, self)
+
+        n_train = len(self.dataset.x_train)
+        self.iterations_per_epoch = num_batches(n_train, cfg.train.batch_size)
+        if cfg.train.iterations_per_epoch:
+            self.iterations_per_epoch = min(self.iterations_per_epoch, int(cfg.train.iterations_per_epoch))
+        self._train = [0.0, 0, 0]  # loss_sum, correct, n since the last iteration mark
+        self._epoch_train = [0.0, 0, 0]
+        self.history: dict[str, list] = {"val/acc": [], "val/loss": [], "train/loss": [], "time/epoch_virtual_s": []}
+        self.samples = 0
+        self.iterations = 0
+        self._epoch_start = 0.0
+        self._final: dict[str, float] = {}
+        self.tracker = None
+        self._progress = None
+
+    # ---- data for role programs ------------------------------------------------------------
+
+    def train_batches(self, epoch: int) -> list:
+        out = []
+        for i, (x, y) in enumerate(batches(self.dataset.x_train, self.dataset.y_train, self.cfg.train.batch_size, self.cfg.seed, epoch)):
+            if i >= self.iterations_per_epoch:
+                break
+            out.append((x, y))
+        return out
+
+    # ---- runtime hooks ------------------------------------------------------------------------
+
+    def on_train(self, loss_sum, correct, n):
+        for acc in (self._train, self._epoch_train):
+            acc[0] += loss_sum
+            acc[1] += correct
+            acc[2] += n
+
+    def on_iteration(self, epoch, iteration, samples, now):
+        self.samples += samples
+        self.iterations += 1
+        loss_sum, correct, n = self._train
+        if n:
+            self.tracker.log_metric("train/loss", loss_sum / n, iteration)
+            self.tracker.log_metric("train/acc", correct / n, iteration)
+        self._train = [0.0, 0, 0]
+        self.tracker.log_metric("time/virtual_s", now, iteration)
+        if self._progress is not None:
+            post = {"epoch": epoch, "vtime": f"{now:.3g}s"}
+            if n:
+                post["loss"] = f"{loss_sum / n:.4f}"
+            self._progress.set_postfix(post, refresh=False)
+            self._progress.update(1)
+
+    def on_epoch_end(self, epoch, now):
+        tr = self.tracker
+        epoch_time = now - self._epoch_start
+        self._epoch_start = now
+        tr.log_metric("time/epoch_virtual_s", epoch_time, epoch)
+        tr.log_metric("time/wall_s", time.perf_counter() - self._wall0, epoch)
+        self.history["time/epoch_virtual_s"].append(epoch_time)
+        loss_sum, correct, n = self._epoch_train
+        self._epoch_train = [0.0, 0, 0]
+        if n:
+            tr.log_metric("train/epoch_loss", loss_sum / n, epoch)
+            self.history["train/loss"].append(loss_sum / n)
+            self._final["train/loss"] = loss_sum / n
+            self._final["train/acc"] = correct / n
+        if epoch_time > 0:
+            tr.log_metric("throughput/samples_per_s", self.samples_in_epoch(epoch) / epoch_time, epoch)
+        if self.numerics:
+            vl, va = self.evaluate("val")
+            tr.log_metric("val/loss", vl, epoch)
+            tr.log_metric("val/acc", va, epoch)
+            self.history["val/loss"].append(vl)
+            self.history["val/acc"].append(va)
+            self._final["val/loss"], self._final["val/acc"] = vl, va
+            if self._progress is not None:
+                self._progress.write(f"epoch {epoch}: val/acc {va:.4f}  val/loss {vl:.4f}  epoch {epoch_time:.4g}s virtual")
+        tr.flush()
+
+    def samples_in_epoch(self, epoch: int) -> int:
+        n = len(self.dataset.x_train)
+        return min(n, self.iterations_per_epoch * self.cfg.train.batch_size)
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> tuple[float, float]:
+        model = self.scheduler.eval_model()
+        was = model.training
+        model.eval()
+        x, y = self.dataset.split(split)
+        loss, correct = 0.0, 0
+        bs = self.cfg.train.eval_batch_size
+        for i in range(0, len(x), bs):
+            out = model(x[i : i + bs])
+            loss += float(torch.nn.functional.cross_entropy(out, y[i : i + bs], reduction="sum"))
+            correct += int((out.argmax(1) == y[i : i + bs]).sum())
+        model.train(was)
+        n = max(1, len(x))
+        return loss / n, correct / n
+
+    # ---- the run ----------------------------------------------------------------------------
+
+    def params(self) -> dict:
+        cfg = OmegaConf.to_container(self.cfg, resolve=True)
+        flat = flatten(cfg)
+        out = {f"{g}": cfg[g]["name"] for g in registry.GROUPS}
+        for k in KEY_PARAMS:
+            if k in flat:
+                out[k] = flat[k]
+        for k, v in flat.items():  # every knob of the chosen scheduler and cluster
+            if k.startswith(("scheduler.", "model.", "dataset.", "compressor.")) and k not in out:
+                out[k] = v
+        return out
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        run_name = f"{cfg.scheduler.name} {cfg.model.name} {cfg.cluster.name}"
+        self.tracker = registry.build("tracking", cfg.tracking, self.parent_run_id, run_name, {"pipelab.overrides": " ".join(self.overrides) or "(defaults)"})
+        status = "FAILED"
+        self._wall0 = time.perf_counter()
+        try:
+            (self.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            self.tracker.log_params(self.params())
+            self.tracker.log_artifact(self.out_dir / "config.yaml")
+            plan = self.scheduler.plan()
+            (self.out_dir / "plan.json").write_text(json.dumps(plan, indent=2))
+            if cfg.runtime.progress:
+                from tqdm import tqdm
+
+                self._progress = tqdm(total=cfg.train.epochs * self.iterations_per_epoch, desc=run_name, unit="it", file=sys.stderr, dynamic_ncols=True, leave=False)
+            self.virtual_time = self.runtime.run(self.scheduler.roles())
+            if self.numerics:
+                tl, ta = self.evaluate("test")
+                self._final["test/loss"], self._final["test/acc"] = tl, ta
+            status = "FINISHED"
+        except BaseException:
+            self.virtual_time = self.runtime.timeline.makespan
+            raise
+        finally:
+            if self._progress is not None:
+                self._progress.close()
+            try:
+                summary = self._write_outputs(status)
+            finally:
+                self.tracker.end(status)
+        return summary
+
+    def _write_outputs(self, status: str) -> dict:
+        tl = self.runtime.timeline
+        total = self.virtual_time
+        wall = time.perf_counter() - self._wall0
+        roles = tl.role_stats(total)
+        links = tl.link_stats()
+        stats = self.scheduler.stats() if hasattr(self.scheduler, "stats") else {}
+        bubble = tl.bubble_frac()
+        metrics = dict(self._final)
+        metrics["time/virtual_s"] = total
+        metrics["time/wall_s"] = wall
+        if total > 0:
+            metrics["throughput/samples_per_s"] = self.samples / total
+        metrics["pipe/bubble_frac"] = bubble
+        if "staleness" in stats:
+            metrics["pipe/staleness"] = stats["staleness"]
+        for r, st in roles.items():
+            metrics[f"util/busy_frac/{r}"] = st["busy_s"] / total if total > 0 else 0.0
+            metrics[f"util/idle_s/{r}"] = st["idle_s"]
+        for l, st in links.items():
+            metrics[f"net/bytes/{l}"] = st["bytes"]
+        summary = {
+            "status": status,
+            "scheduler": self.cfg.scheduler.name,
+            "virtual_time_s": total,
+            "wall_time_s": wall,
+            "epochs": int(self.cfg.train.epochs),
+            "iterations": self.iterations,
+            "samples": self.samples,
+            "metrics": metrics,
+            "history": self.history,
+            "roles": roles,
+            "links": links,
+            "bubble_frac": bubble,
+            "peak_inflight": stats.get("peak_inflight", {}),
+            "staleness": {"mean": stats.get("staleness", 0.0), "max": stats.get("staleness_max", 0)},
+            "messages_lost": getattr(self.runtime, "messages_lost", 0),
+            "mlflow_run_id": self.tracker.run_id,
+        }
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+        tcfg = self.cfg.tracking
+        tl.save_chrome_trace(self.out_dir / "timeline.json", tcfg.max_trace_events)
+        try:
+            tl.save_gantt(self.out_dir / "timeline.png", tcfg.gantt_iterations, title=f"{self.cfg.scheduler.name}: first {tcfg.gantt_iterations} iteration(s), bubble {bubble:.3f}")
+        except Exception as e:  # a plot must never hide the run's real outcome
+            print(f"warning: could not draw timeline.png: {e}", file=sys.stderr)
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                self.tracker.log_metric(_metric_key(k), v, self.iterations)
+        for name in ("plan.json", "summary.json", "timeline.json", "timeline.png"):
+            p = self.out_dir / name
+            if p.exists():
+                self.tracker.log_artifact(p)
+        return summary
+
+
+def _json_default(o):
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def run(cfg, out_dir, **kwargs) -> dict:
+    """Build and run one job; returns its summary."""
+    return Job(cfg, out_dir, **kwargs).run()

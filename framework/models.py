@@ -1,0 +1,173 @@
+"""Models as ordered lists of partitionable units.
+
+A *unit* is the smallest piece a planner may place on a device: a conv layer with its BN,
+activation and pooling, a residual block, a MobileNet bottleneck, a dense layer (the papers'
+"layer"). A model plugin returns its units as `[(name, nn.Module), ...]`; `UnitModel` adds the
+metadata every planner and time model needs, measured by one dummy forward at batch 1:
+
+- `flops`: forward FLOPs per sample (2 x multiply-accumulates for conv/linear, plus one FLOP per
+  element for normalisation, activation, pooling and residual adds);
+- `flops_by_kind`: the same split by layer type (`conv`, `depthwise`, `pointwise`, `linear`,
+  `norm`, `act`, `pool`, `other`), so devices can carry per-type speed factors;
+- `in_shape` / `out_shape` (per sample), `params` and `param_bytes`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+KINDS = ("conv", "depthwise", "pointwise", "linear", "norm", "act", "pool", "other")
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    name: str
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    flops: float
+    params: int
+    param_bytes: int
+    flops_by_kind: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def out_numel(self) -> int:
+        n = 1
+        for d in self.out_shape:
+            n *= d
+        return n
+
+
+class UnitModel(nn.Module):
+    """`units[i]` is an nn.Module; `infos[i]` its metadata. Forward runs them in order."""
+
+    def __init__(self, name: str, units: list[tuple[str, nn.Module]], input_shape, num_classes: int):
+        super().__init__()
+        if not units:
+            raise ValueError(f"model {name!r} has no units")
+        self.name = name
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        self.unit_names = [n for n, _ in units]
+        self.units = nn.ModuleList([m for _, m in units])
+        self.infos = describe_units(self.unit_names, list(self.units), self.input_shape)
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    def forward(self, x):
+        for u in self.units:
+            x = u(x)
+        return x
+
+    def slice(self, start: int, stop: int) -> nn.Sequential:
+        """Units [start, stop) as one module; the modules are shared, not copied."""
+        return nn.Sequential(*self.units[start:stop])
+
+    def summary(self) -> str:
+        rows = [f"{'#':>3} {'unit':<18} {'out shape':<16} {'MFLOPs':>9} {'params':>10}"]
+        for i, info in enumerate(self.infos):
+            rows.append(
+                f"{i:>3} {info.name:<18} {str(info.out_shape):<16} {info.flops / 1e6:>9.3f} {info.params:>10,}"
+            )
+        return "\n".join(rows)
+
+
+def _leaf_kind(m: nn.Module) -> str | None:
+    if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        if m.groups > 1 and m.groups == m.in_channels:
+            return "depthwise"
+        ks = m.kernel_size if isinstance(m.kernel_size, tuple) else (m.kernel_size,)
+        if all(k == 1 for k in ks):
+            return "pointwise"
+        return "conv"
+    if isinstance(m, nn.Linear):
+        return "linear"
+    if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)):
+        return "norm"
+    if isinstance(m, (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.GELU, nn.SiLU)):
+        return "act"
+    if isinstance(m, (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
+        return "pool"
+    return None
+
+
+def _numel(t) -> int:
+    return int(t.numel()) if isinstance(t, torch.Tensor) else 0
+
+
+def _leaf_flops(m: nn.Module, kind: str, inp: torch.Tensor, out: torch.Tensor) -> float:
+    if kind in ("conv", "depthwise", "pointwise"):
+        kernel = 1
+        for k in m.kernel_size:
+            kernel *= k
+        macs = _numel(out) * (m.in_channels // m.groups) * kernel
+        return 2.0 * macs + (_numel(out) if m.bias is not None else 0)
+    if kind == "linear":
+        return 2.0 * _numel(out) * m.in_features + (_numel(out) if m.bias is not None else 0)
+    if kind == "norm":
+        return 2.0 * _numel(out)
+    if kind == "pool":
+        return float(_numel(inp))
+    return float(_numel(out))  # activations
+
+
+def describe_units(names, units, input_shape) -> list[UnitInfo]:
+    """Measure shapes, FLOPs and parameters of each unit with one forward at batch 1."""
+    infos = []
+    was_training = [u.training for u in units]
+    dtype = next((p.dtype for u in units for p in u.parameters()), torch.get_default_dtype())
+    x = torch.zeros((1, *input_shape), dtype=dtype)
+    with torch.no_grad():
+        for name, unit in zip(names, units):
+            unit.eval()
+            by_kind: dict[str, float] = defaultdict(float)
+            hooks = []
+            for mod in unit.modules():
+                kind = _leaf_kind(mod)
+                if kind is None:
+                    continue
+
+                def hook(m, args, out, kind=kind):
+                    inp = args[0] if args else None
+                    by_kind[kind] += _leaf_flops(m, kind, inp, out)
+
+                hooks.append(mod.register_forward_hook(hook))
+            in_shape = tuple(x.shape[1:])
+            try:
+                y = unit(x)
+            finally:
+                for h in hooks:
+                    h.remove()
+            params = sum(p.numel() for p in unit.parameters())
+            pbytes = sum(p.numel() * p.element_size() for p in unit.parameters())
+            # ops the hooks cannot see (residual adds, flatten, SE products): at least 1 FLOP/output
+            seen = sum(by_kind.values())
+            if seen == 0:
+                by_kind["other"] += float(y.numel())
+            infos.append(
+                UnitInfo(
+                    name=name,
+                    in_shape=in_shape,
+                    out_shape=tuple(y.shape[1:]),
+                    flops=float(sum(by_kind.values())),
+                    params=int(params),
+                    param_bytes=int(pbytes),
+                    flops_by_kind=dict(by_kind),
+                )
+            )
+            x = y
+    for u, t in zip(units, was_training):
+        u.train(t)
+    return infos
+
+
+def build_model(cfg, input_shape, num_classes) -> UnitModel:
+    """Build the model that `cfg.name` registers, as a UnitModel."""
+    from framework import registry
+
+    units = registry.build("model", cfg, tuple(input_shape), int(num_classes))
+    return UnitModel(cfg.name, units, input_shape, num_classes)

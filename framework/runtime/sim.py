@@ -1,0 +1,209 @@
+"""`runtime=sim`: every role in one process, on a virtual clock.
+
+Real tensors flow (so accuracy is real) while time is what the device and link models say,
+so a run is deterministic and immune to this machine's load. Each device serves its
+computations FIFO, `slots` at a time; each link carries its messages FIFO (see
+framework.cluster). Messages cross a link as wire-format bytes, so byte counts are real
+packet lengths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict, deque
+from typing import Any, Callable
+
+import torch
+
+from framework.clock import VirtualClockLoop, run_virtual
+from framework.cluster import Cluster, Work
+from framework.errors import ConfigError
+from framework.runtime.base import RoleContext, RoleSpec
+from framework.timeline import Timeline
+
+
+class _DeviceQueue:
+    """FIFO admission to a device's compute slots, in virtual time."""
+
+    def __init__(self, slots: int):
+        self.free = slots
+        self.waiters: deque = deque()
+
+    async def acquire(self, loop) -> None:
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return
+        fut = loop.create_future()
+        self.waiters.append(fut)
+        await fut
+
+    def release(self) -> None:
+        if self.waiters:
+            self.waiters.popleft().set_result(None)  # the slot passes straight on
+        else:
+            self.free += 1
+
+
+class _Mailbox:
+    def __init__(self):
+        self.items: deque = deque()
+        self.waiters: deque = deque()
+
+    def put(self, item) -> None:
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(item)
+                return
+        self.items.append(item)
+
+
+class SimContext(RoleContext):
+    def __init__(self, runtime: "SimRuntime", role: str, device_name: str):
+        self.rt = runtime
+        self.role = role
+        self.device_name = device_name
+        self.device = runtime.cluster.device(device_name)
+        self.waiting_on = "starting"
+
+    @property
+    def now(self) -> float:
+        return self.rt.loop.time()
+
+    async def compute(self, work: Work, fn: Callable | None = None, *args, iteration=-1, microbatch=-1, group=-1, **kwargs) -> Any:
+        rt = self.rt
+        queue = rt.device_queues[self.device_name]
+        self.waiting_on = f"device {self.device_name} for {work.kind}"
+        await queue.acquire(rt.loop)
+        try:
+            start = rt.loop.time()
+            t0 = time.perf_counter()
+            result = fn(*args, **kwargs) if fn is not None else None
+            wall = time.perf_counter() - t0
+            duration = self.device.time(work, wall)
+            self.waiting_on = f"{work.kind} on {self.device_name}"
+            if duration > 0:
+                await rt.loop.sleep(duration)
+            rt.timeline.compute(self.role, work.kind, start, start + duration, iteration, microbatch, group)
+        finally:
+            queue.release()
+        return result
+
+    def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True) -> None:
+        self.rt.send(self.role, dst, tag, tensor, iteration, microbatch, reliable)
+
+    async def recv(self, src: str, tag: str, timeout: float | None = None):
+        box = self.rt.mailbox(src, self.role, tag)
+        if box.items:
+            return box.items.popleft()
+        fut = self.rt.loop.create_future()
+        box.waiters.append(fut)
+        self.waiting_on = f"recv {tag!r} from {src}"
+        if timeout is None:
+            return await fut
+        timer = self.rt.loop.sleep(timeout)
+        timer.add_done_callback(lambda _: fut.done() or fut.set_result(None))
+        return await fut
+
+    async def end_epoch(self, epoch: int) -> None:
+        self.waiting_on = f"end of epoch {epoch}"
+        await self.rt.barrier(("epoch", epoch), lambda: self.rt.hooks.on_epoch_end(epoch, self.now))
+
+    def iteration_done(self, epoch: int, iteration: int, samples: int) -> None:
+        self.rt.hooks.on_iteration(epoch, iteration, samples, self.now)
+
+    def report_train(self, loss_sum: float, correct: int, n: int) -> None:
+        self.rt.hooks.on_train(loss_sum, correct, n)
+
+
+class RuntimeHooks:
+    """What the runtime tells the job about. The default does nothing."""
+
+    def on_iteration(self, epoch: int, iteration: int, samples: int, now: float) -> None: ...
+
+    def on_train(self, loss_sum: float, correct: int, n: int) -> None: ...
+
+    def on_epoch_end(self, epoch: int, now: float) -> None: ...
+
+
+class SimRuntime:
+    """Runs role programs on the virtual clock."""
+
+    def __init__(self, cfg, cluster: Cluster, codec, hooks: RuntimeHooks | None = None):
+        self.cfg = cfg
+        self.cluster = cluster
+        self.codec = codec  # encode(tensors, iteration, microbatch) -> bytes; decode(bytes) -> Packet
+        self.hooks = hooks or RuntimeHooks()
+        self.timeline = Timeline()
+        self.loop: VirtualClockLoop | None = None
+        self.contexts: dict[str, SimContext] = {}
+        self.device_queues = {name: _DeviceQueue(dev.slots) for name, dev in cluster.devices.items()}
+        self._mailboxes: dict = defaultdict(_Mailbox)
+        self._barriers: dict = {}
+        self.messages_lost = 0
+
+    def mailbox(self, src: str, dst: str, tag: str) -> _Mailbox:
+        return self._mailboxes[(src, dst, tag)]
+
+    def send(self, src, dst, tag, payload, iteration, microbatch, reliable) -> None:
+        if dst not in self.contexts:
+            raise ConfigError("scheduler", f"role {src!r} sends to unknown role {dst!r}; roles: {', '.join(self.contexts)}")
+        tensors = payload if isinstance(payload, dict) else {"x": payload}
+        box = self.mailbox(src, dst, tag)
+        a, b = self.contexts[src].device_name, self.contexts[dst].device_name
+        link = self.cluster.link(a, b)
+        now = self.loop.time()
+        if link is None:  # same device: no bytes cross a link
+            fut = self.loop.sleep_until(now)
+            fut.add_done_callback(lambda _: box.put(payload))
+            return
+        data = self.codec.encode(tensors, iteration=iteration, microbatch=microbatch)
+        nbytes = self.codec.size(tensors, data)
+        attempts, arrival = link.schedule(nbytes, now, reliable)
+        for i, (s, e) in enumerate(attempts):
+            lost = i < len(attempts) - 1 or arrival is None
+            self.timeline.transfer(link.name, s, e, nbytes, iteration, microbatch, "lost" if lost else "send")
+        if arrival is None:
+            self.messages_lost += 1
+            return
+
+        def deliver(_):
+            packet = self.codec.decode(data)
+            t = packet.tensors
+            box.put(t["x"] if set(t) == {"x"} else t)
+
+        self.loop.sleep_until(arrival).add_done_callback(deliver)
+
+    async def barrier(self, key, on_complete: Callable[[], None]) -> None:
+        state = self._barriers.setdefault(key, {"count": 0, "fut": self.loop.create_future()})
+        state["count"] += 1
+        if state["count"] == len(self.contexts):
+            on_complete()
+            state["fut"].set_result(None)
+            del self._barriers[key]
+            return
+        await state["fut"]
+
+    def describe_pending(self) -> str:
+        waits = "; ".join(f"{r} waits on {c.waiting_on}" for r, c in self.contexts.items() if c.waiting_on != "done")
+        return f"deadlock at virtual time {self.loop.time():.6f}s: {waits}"
+
+    def run(self, roles: dict[str, RoleSpec]) -> float:
+        """Run every role program to the end; returns the virtual makespan in seconds."""
+        for role, spec in roles.items():
+            self.contexts[role] = SimContext(self, role, spec.device)
+            self.timeline.add_role(role)
+
+        async def main():
+            self.loop = asyncio.get_running_loop()
+
+            async def wrap(role, spec):
+                ctx = self.contexts[role]
+                await spec.program(ctx)
+                ctx.waiting_on = "done"
+
+            await asyncio.gather(*(wrap(r, s) for r, s in roles.items()))
+            return self.loop.time()
+
+        return run_virtual(main(), describe_pending=self.describe_pending)

@@ -1,0 +1,125 @@
+"""A stage: a slice of the model's units on one device.
+
+`forward(x, key)` runs the slice and keeps what backward needs under `key` (a micro-batch
+or mini-batch id); `backward(key, grad)` runs backward from the gradient of the stage's output
+(or from the loss, on the last stage), accumulates parameter gradients and returns the
+gradient of the stage's input; `step()` applies the optimizer.
+
+Weight stashing (PipeDream) is a stage option, not a scheduler trick: with `stash=True`,
+forward runs on a snapshot of the current weights (`torch.func.functional_call` on detached
+copies), backward computes gradients with respect to that snapshot, and `step()` applies them
+to the live weights. The number of updates between a key's forward and its backward is its
+staleness.
+
+With `numerics=False` no tensor math runs: forward returns a meta tensor of the right shape so
+that byte counts and timing stay exact (timing-only runs).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from framework.cluster import Work
+
+
+def make_optimizer(params, train_cfg) -> torch.optim.Optimizer:
+    params = list(params)
+    name = train_cfg.optimizer
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=train_cfg.lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; choices: sgd, adam")
+
+
+class Stage:
+    def __init__(self, model, start: int, stop: int, train_cfg, *, numerics: bool = True, stash: bool = False):
+        self.model = model
+        self.start, self.stop = start, stop
+        self.module: nn.Module = model.slice(start, stop)
+        self.is_first = start == 0
+        self.is_last = stop == len(model)
+        self.numerics = numerics
+        self.stash = stash
+        self.optimizer = make_optimizer(self.module.parameters(), train_cfg) if numerics else None
+        self.out_shape = model.infos[stop - 1].out_shape
+        self.in_shape = model.infos[start].in_shape
+        self.version = 0  # optimizer steps applied
+        self._saved: dict = {}
+        self.peak_inflight = 0
+        self.staleness: list[int] = []
+        self._param_names = [n for n, _ in self.module.named_parameters()]
+
+    # ---- cost descriptions for the device time model -----------------------------------
+
+    def fwd_work(self, batch: int) -> Work:
+        return Work("fwd", self.start, self.stop, batch)
+
+    def bwd_work(self, batch: int) -> Work:
+        return Work("bwd", self.start, self.stop, batch)
+
+    def step_work(self) -> Work:
+        return Work("step", self.start, self.stop)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._saved)
+
+    # ---- compute ------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, key, target: torch.Tensor | None = None, loss_scale: float = 1.0):
+        """Run the slice. On the last stage, with `target`, returns (loss_sum, correct, n)
+        of the cross-entropy (the graph is kept for backward, scaled by `loss_scale`)."""
+        if key in self._saved:
+            raise RuntimeError(f"stage [{self.start}:{self.stop}) already holds activations for {key!r}")
+        n = x.shape[0]
+        if not self.numerics:
+            self._saved[key] = (n, None, None, self.version)
+            self.peak_inflight = max(self.peak_inflight, len(self._saved))
+            if self.is_last:
+                return (0.0, 0, n)
+            return torch.empty((n, *self.out_shape), device="meta")
+        x_in = x if self.is_first else x.detach().requires_grad_(True)
+        if self.stash:
+            snapshot = {name: p.detach().clone().requires_grad_(True) for name, p in self.module.named_parameters()}
+            y = functional_call(self.module, snapshot, (x_in,))
+        else:
+            snapshot = None
+            y = self.module(x_in)
+        if self.is_last:
+            if target is None:
+                raise ValueError("the last stage needs targets")
+            loss_sum = nn.functional.cross_entropy(y, target, reduction="sum")
+            correct = int((y.detach().argmax(1) == target).sum())
+            self._saved[key] = (x_in, loss_sum * loss_scale, snapshot, self.version)
+            self.peak_inflight = max(self.peak_inflight, len(self._saved))
+            return (float(loss_sum.detach()), correct, n)
+        self._saved[key] = (x_in, y, snapshot, self.version)
+        self.peak_inflight = max(self.peak_inflight, len(self._saved))
+        return y.detach()
+
+    def backward(self, key, grad: torch.Tensor | None = None):
+        """Backward of `key`'s forward; returns the input gradient (None on the first stage)."""
+        x_in, out, snapshot, version = self._saved.pop(key)
+        self.staleness.append(self.version - version)
+        if not self.numerics:
+            return None if self.is_first else torch.empty((x_in, *self.in_shape), device="meta")  # x_in holds n
+        grad_out = None if self.is_last else grad
+        if snapshot is None:
+            out.backward(grad_out)
+            return None if self.is_first else x_in.grad
+        inputs = list(snapshot.values()) + ([] if self.is_first else [x_in])
+        grads = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
+        for p, g in zip(self.module.parameters(), grads):
+            if g is None:
+                continue
+            p.grad = g if p.grad is None else p.grad + g
+        return None if self.is_first else grads[-1]
+
+    def step(self) -> None:
+        if self.numerics:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1

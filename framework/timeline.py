@@ -1,0 +1,138 @@
+"""Every compute interval and transfer of a run, and what follows from them.
+
+Intervals are (resource, kind, start, end, iteration, microbatch, group). A resource is a
+role (compute) or a link `src->dst` (transfers). From them: per-role busy/idle time, per-link
+bytes and busy time, and the pipeline bubble fraction:
+
+    bubble_frac = sum over groups g of (R * W_g - busy_g) / (R * W_g)   (pooled over groups)
+
+where a group is one flush of the pipeline (an iteration for GPipe/1F1B, an epoch for the
+asynchronous PipeDream), W_g the time from the first forward to the last backward of the
+group across all R roles that compute in it, and busy_g their forward+backward busy time in
+it. Optimizer steps, evaluation and data loading are outside the window, as in the GPipe
+paper's (S-1)/(M+S-1).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+
+
+@dataclass
+class Interval:
+    resource: str
+    kind: str
+    start: float
+    end: float
+    iteration: int = -1
+    microbatch: int = -1
+    group: int = -1
+    nbytes: int = 0
+
+
+class Timeline:
+    def __init__(self):
+        self.intervals: list[Interval] = []
+        self.link_bytes: dict[str, int] = defaultdict(int)
+        self.link_messages: dict[str, int] = defaultdict(int)
+        self.roles: list[str] = []
+        self.links: list[str] = []
+
+    def add_role(self, role: str) -> None:
+        if role not in self.roles:
+            self.roles.append(role)
+
+    def compute(self, role, kind, start, end, iteration=-1, microbatch=-1, group=-1):
+        self.intervals.append(Interval(role, kind, start, end, iteration, microbatch, group))
+
+    def transfer(self, link, start, end, nbytes, iteration=-1, microbatch=-1, kind="send"):
+        if link not in self.link_bytes:
+            self.links.append(link)
+        self.link_bytes[link] += nbytes
+        self.link_messages[link] += 1
+        self.intervals.append(Interval(link, kind, start, end, iteration, microbatch, -1, nbytes))
+
+    @property
+    def makespan(self) -> float:
+        return max((iv.end for iv in self.intervals), default=0.0)
+
+    def busy(self) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for iv in self.intervals:
+            out[iv.resource] += iv.end - iv.start
+        return out
+
+    def role_stats(self, total: float | None = None) -> dict[str, dict[str, float]]:
+        total = self.makespan if total is None else total
+        busy = self.busy()
+        return {r: {"busy_s": busy.get(r, 0.0), "idle_s": max(0.0, total - busy.get(r, 0.0))} for r in self.roles}
+
+    def link_stats(self) -> dict[str, dict[str, float]]:
+        busy = self.busy()
+        return {l: {"bytes": int(self.link_bytes[l]), "messages": int(self.link_messages[l]), "busy_s": busy.get(l, 0.0)} for l in self.links}
+
+    def bubble_frac(self) -> float:
+        windows: dict[int, list] = {}
+        busy: dict[int, float] = defaultdict(float)
+        roles: dict[int, set] = defaultdict(set)
+        for iv in self.intervals:
+            if iv.kind not in ("fwd", "bwd") or iv.group < 0:
+                continue
+            w = windows.setdefault(iv.group, [iv.start, iv.end])
+            w[0] = min(w[0], iv.start)
+            w[1] = max(w[1], iv.end)
+            busy[iv.group] += iv.end - iv.start
+            roles[iv.group].add(iv.resource)
+        capacity = sum(len(roles[g]) * (w[1] - w[0]) for g, w in windows.items())
+        if capacity <= 0:
+            return 0.0
+        return max(0.0, (capacity - sum(busy.values())) / capacity)
+
+    # ---- exports ------------------------------------------------------------------------
+
+    def chrome_trace(self, max_events: int = 200_000) -> dict:
+        """Chrome trace-event JSON (open in https://ui.perfetto.dev or chrome://tracing)."""
+        tids = {r: i for i, r in enumerate(self.roles + self.links)}
+        events = [{"ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": r}} for r, tid in tids.items()]
+        events.append({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "pipelab (virtual time)"}})
+        for iv in self.intervals[:max_events]:
+            args = {"iteration": iv.iteration, "microbatch": iv.microbatch}
+            if iv.nbytes:
+                args["bytes"] = iv.nbytes
+            name = iv.kind if iv.microbatch < 0 else f"{iv.kind} {iv.microbatch}"
+            events.append({"ph": "X", "name": name, "cat": iv.kind, "pid": 0, "tid": tids.get(iv.resource, 0), "ts": iv.start * 1e6, "dur": (iv.end - iv.start) * 1e6, "args": args})
+        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"truncated": len(self.intervals) > max_events}}
+
+    def save_chrome_trace(self, path, max_events: int = 200_000) -> None:
+        with open(path, "w") as f:
+            json.dump(self.chrome_trace(max_events), f)
+
+    def save_gantt(self, path, iterations: int = 3, title: str = "") -> None:
+        """A Gantt chart of the first `iterations` iterations: one row per role and link."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        ivs = [iv for iv in self.intervals if iv.iteration < iterations] or self.intervals[:2000]
+        rows = self.roles + [l for l in self.links if any(iv.resource == l for iv in ivs)]
+        colors = {"fwd": "#4C72B0", "bwd": "#DD8452", "step": "#55A868", "send": "#8172B3", "lost": "#C44E52"}
+        fig, ax = plt.subplots(figsize=(11, 0.45 * len(rows) + 1.4))
+        for y, r in enumerate(rows):
+            by_kind = defaultdict(list)
+            for iv in ivs:
+                if iv.resource == r and iv.end > iv.start:
+                    by_kind[iv.kind].append((iv.start, iv.end - iv.start))
+            for kind, spans in by_kind.items():
+                ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors.get(kind, "#937860"), edgecolor="white", linewidth=0.3)
+        ax.set_yticks(range(len(rows)), rows)
+        ax.invert_yaxis()
+        ax.set_xlabel("virtual time (s)")
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in colors.items()]
+        ax.legend(handles, list(colors), ncol=len(colors), loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+        ax.set_title(title or f"first {iterations} iteration(s)", loc="left", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)

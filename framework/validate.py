@@ -1,0 +1,50 @@
+"""Cross-field checks that fail before anything runs, with messages a user can act on.
+
+Types and unknown keys are Hydra's job (the schemas); this catches what a type cannot say.
+Plugins check their own combinations when they are built, which also happens before the
+tracking run starts.
+"""
+
+from __future__ import annotations
+
+from framework import registry
+from framework.errors import ConfigError
+
+DTYPES = ("float32", "float64")
+OPTIMIZERS = ("sgd", "adam")
+
+
+def _positive(value, key: str, minimum: int = 1) -> None:
+    if value is None or value < minimum:
+        raise ConfigError(key, f"must be >= {minimum}, got {value}")
+
+
+def validate(cfg) -> None:
+    for group in registry.GROUPS:
+        if group == "cluster":
+            continue  # cluster presets are data; their fields are checked by framework.cluster
+        registry.entry(group, cfg[group].name)
+    t = cfg.train
+    _positive(t.epochs, "train.epochs", 0)
+    _positive(t.batch_size, "train.batch_size")
+    _positive(t.eval_batch_size, "train.eval_batch_size")
+    if t.iterations_per_epoch is not None:
+        _positive(t.iterations_per_epoch, "train.iterations_per_epoch")
+    if t.optimizer not in OPTIMIZERS:
+        raise ConfigError("train.optimizer", f"{t.optimizer!r} is not an optimizer; choices: {', '.join(OPTIMIZERS)}")
+    if t.lr <= 0:
+        raise ConfigError("train.lr", f"must be > 0, got {t.lr}")
+    _positive(cfg.cluster.num_devices, "cluster.num_devices")
+    s = cfg.scheduler
+    _positive(s.microbatches, "scheduler.microbatches")
+    if s.microbatches > t.batch_size:
+        raise ConfigError(
+            "scheduler.microbatches",
+            f"{s.microbatches} micro-batches cannot split a batch of {t.batch_size} samples; use at most {t.batch_size} or raise train.batch_size",
+        )
+    if s.stages is not None:
+        _positive(s.stages, "scheduler.stages")
+    if cfg.runtime.dtype not in DTYPES:
+        raise ConfigError("runtime.dtype", f"{cfg.runtime.dtype!r} is not supported; choices: {', '.join(DTYPES)}")
+    if cfg.runtime.threads is not None:
+        _positive(cfg.runtime.threads, "runtime.threads")

@@ -1,0 +1,1 @@
+from plugins.compressors import none  # noqa: F401

@@ -1,0 +1,237 @@
+"""Seeded, class-conditional synthetic datasets: stand-ins for MNIST, CIFAR10 and UCI-HAR.
+
+No downloads are possible where the experiments run, yet accuracy checks need a task a network
+can learn but not solve outright. Every sample is a class pattern that is perturbed (random
+amplitude, a small shift, a random mode of its class) and buried in Gaussian noise, so the
+difficulty is set by `noise`.
+
+- Images (rank >= 2; the last two dims are spatial): each class has `prototypes` smooth random
+  fields (a `grid` x `grid` random grid per channel, upsampled bilinearly); a sample is one of
+  them, times a random amplitude, rolled by up to `max_shift` pixels, plus noise.
+- Vectors (rank 1, e.g. `shape=[64]`): the same, with the prototypes drawn directly in input
+  space and no shift.
+- HAR (`synthetic_har`, shape [channels, time]): per class and channel a sinusoid with its own
+  frequency, phase and amplitude; a sample shifts it in time, jitters frequency and amplitude,
+  and adds noise.
+
+Everything comes from one `torch.Generator` seeded by `cfg.seed`, so the same seed gives
+bit-identical tensors. Inputs are standardised with train-split statistics, per channel where
+samples have a channel axis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import List
+
+import torch
+import torch.nn.functional as F
+
+from framework.config import DatasetConfig
+from framework.data import Dataset
+from framework.errors import ConfigError
+from framework.registry import register
+
+
+@dataclass
+class SyntheticConfig(DatasetConfig):
+    shape: List[int] = field(default_factory=lambda: [1, 28, 28])  # per-sample input shape
+    num_classes: int = 10
+    n_train: int = 6000
+    n_val: int = 1000
+    n_test: int = 1000
+    noise: float = 3.0  # std of the Gaussian noise, relative to a unit-std class pattern
+    prototypes: int = 3  # modes per class (images/vectors): classes are not one blob each
+    grid: int = 4  # images: prototype resolution before upsampling (smaller = smoother)
+    max_shift: int = 2  # images: random circular translation, in pixels, per axis
+    amplitude_jitter: float = 0.3  # a sample's amplitude is uniform in 1 +- this
+
+
+@dataclass
+class SyntheticMnistConfig(SyntheticConfig):
+    name: str = "synthetic_mnist"
+
+
+@dataclass
+class SyntheticCifar10Config(SyntheticConfig):
+    name: str = "synthetic_cifar10"
+    shape: List[int] = field(default_factory=lambda: [3, 32, 32])
+    n_train: int = 5000
+    noise: float = 6.0  # 3 independent channels separate classes better: more noise, similar difficulty
+
+
+@dataclass
+class SyntheticHarConfig(SyntheticConfig):
+    # the sinusoid generator ignores `prototypes` and `grid`; `max_shift` is in time steps
+    name: str = "synthetic_har"
+    shape: List[int] = field(default_factory=lambda: [9, 128])
+    num_classes: int = 6
+    n_train: int = 4000
+    noise: float = 4.0
+    max_shift: int = 16  # HAR: random time shift, in steps
+    freq_jitter: float = 0.05  # HAR: relative per-sample frequency jitter
+
+
+# ---------------------------------------------------------------------------------------------
+# factories
+
+
+@register("dataset", "synthetic_mnist", schema=SyntheticMnistConfig)
+def synthetic_mnist(cfg) -> Dataset:
+    """MNIST-shaped class-conditional smooth patterns (1x28x28, 10 classes)."""
+    return make_synthetic(cfg, "synthetic_mnist")
+
+
+@register("dataset", "synthetic_cifar10", schema=SyntheticCifar10Config)
+def synthetic_cifar10(cfg) -> Dataset:
+    """CIFAR10-shaped class-conditional smooth patterns (3x32x32, 10 classes)."""
+    return make_synthetic(cfg, "synthetic_cifar10")
+
+
+@register("dataset", "synthetic_har", schema=SyntheticHarConfig)
+def synthetic_har(cfg) -> Dataset:
+    """HAR-like multichannel sinusoids with class-specific frequency/phase/amplitude (9x128, 6 classes)."""
+    return make_synthetic(cfg, "synthetic_har", sinusoids=True)
+
+
+def make_synthetic(cfg, name: str, *, sinusoids: bool = False) -> Dataset:
+    shape = [int(d) for d in _get(cfg, "shape")]
+    k = int(_get(cfg, "num_classes"))
+    sizes = [int(_get(cfg, f"n_{s}")) for s in ("train", "val", "test")]
+    _check(cfg, shape, k, sizes)
+    g = torch.Generator().manual_seed(int(_get(cfg, "seed", 0)))
+
+    # labels first: balanced within every split (class c appears floor or ceil of n/k times)
+    ys = [(torch.arange(n) % k)[torch.randperm(n, generator=g)] for n in sizes]
+    y = torch.cat(ys)
+    if sinusoids:
+        x = _sinusoids(cfg, shape, k, y, g)
+    elif len(shape) >= 2:
+        x = _images(cfg, shape, k, y, g)
+    else:
+        x = _vectors(cfg, shape, k, y, g)
+
+    # per-channel statistics only where dim 0 of a sample really is a channel axis
+    per_channel = len(shape) >= 2 if sinusoids else len(shape) >= 3
+    x = _standardise(x, sizes[0], per_channel)
+    xs = torch.split(x, sizes)
+    return Dataset(name, xs[0], ys[0], xs[1], ys[1], xs[2], ys[2], k)
+
+
+# ---------------------------------------------------------------------------------------------
+# generators: each returns float32 inputs [len(y), *shape] for the labels y
+
+
+def _images(cfg, shape, k, y, g) -> torch.Tensor:
+    *lead, h, w = shape
+    c = math.prod(lead)
+    p = int(_get(cfg, "prototypes", 3))
+    grid = max(1, int(_get(cfg, "grid", 4)))
+    s = max(0, min(int(_get(cfg, "max_shift", 2)), h // 2, w // 2))
+
+    # k*p smooth prototypes: a coarse random grid upsampled bilinearly is a low-frequency field
+    coarse = torch.randn(k * p, c, min(grid, h), min(grid, w), generator=g)
+    protos = F.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False)
+    protos = _unit(protos)
+
+    # one circularly shifted copy of the prototypes per shift (what torch.roll does, built by
+    # a single indexing op: 25 roll calls are slow when OpenMP threads contend), so that every
+    # sample is then one gather from this bank
+    shifts = torch.arange(-s, s + 1)
+    rows = (torch.arange(h) - shifts.view(-1, 1)) % h  # [2s+1, h]
+    cols = (torch.arange(w) - shifts.view(-1, 1)) % w  # [2s+1, w]
+    rows, cols = rows.repeat_interleave(len(shifts), 0), cols.repeat(len(shifts), 1)
+    bank = protos[:, :, rows[:, :, None], cols[:, None, :]].permute(2, 0, 1, 3, 4).contiguous()
+
+    n = len(y)
+    proto = y * p + torch.randint(p, (n,), generator=g)
+    shift = torch.randint(len(bank), (n,), generator=g)
+    amp = _amplitudes(cfg, n, g).view(n, 1, 1, 1)
+    x = bank[shift, proto].mul_(amp)  # in place: these are the big tensors
+    x.add_(torch.randn(x.shape, generator=g), alpha=float(_get(cfg, "noise")))
+    return x.reshape(n, *shape)
+
+
+def _vectors(cfg, shape, k, y, g) -> torch.Tensor:
+    # no spatial structure to shift: prototypes live directly in input space
+    d = math.prod(shape)
+    p = int(_get(cfg, "prototypes", 3))
+    protos = _unit(torch.randn(k * p, d, generator=g))
+    n = len(y)
+    proto = y * p + torch.randint(p, (n,), generator=g)
+    x = protos[proto].mul_(_amplitudes(cfg, n, g).view(n, 1))
+    x.add_(torch.randn(x.shape, generator=g), alpha=float(_get(cfg, "noise")))
+    return x.reshape(n, *shape)
+
+
+def _sinusoids(cfg, shape, k, y, g) -> torch.Tensor:
+    # the last dim is time; any leading dims are flattened into channels ([T] = one channel)
+    t_len = shape[-1]
+    c = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    # per (class, channel): 1..8 cycles per window, any phase, amplitude 0.5..1.5
+    freq = 1.0 + 7.0 * torch.rand(k, c, 1, generator=g)
+    phase = 2 * math.pi * torch.rand(k, c, 1, generator=g)
+    amp = 0.5 + torch.rand(k, c, 1, generator=g)
+
+    n = len(y)
+    s = max(0, int(_get(cfg, "max_shift", 16)))
+    jitter = float(_get(cfg, "freq_jitter", 0.05))
+    # a per-sample time shift and frequency jitter, shared by all channels (one recording)
+    t0 = torch.randint(-s, s + 1, (n, 1, 1), generator=g).float()
+    fj = 1.0 + jitter * (2 * torch.rand(n, 1, 1, generator=g) - 1)
+    t = (torch.arange(t_len, dtype=torch.float32).view(1, 1, t_len) + t0) / t_len
+    wave = amp[y] * torch.sin(2 * math.pi * freq[y] * fj * t + phase[y])
+    x = wave.mul_(_amplitudes(cfg, n, g).view(n, 1, 1))
+    # noise is relative to a typical pattern's std (a unit sinusoid's is 1/sqrt 2)
+    x.add_(torch.randn(x.shape, generator=g), alpha=float(_get(cfg, "noise")) / math.sqrt(2))
+    return x.reshape(n, *shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _amplitudes(cfg, n, g) -> torch.Tensor:
+    j = float(_get(cfg, "amplitude_jitter", 0.3))
+    return 1.0 + j * (2 * torch.rand(n, generator=g) - 1)
+
+
+def _unit(p: torch.Tensor) -> torch.Tensor:
+    """Each pattern to zero mean and unit std, so `noise` means the same for every shape."""
+    flat = p.flatten(1)
+    # correction=0: a one-element pattern gets std 0 (then clamped), not NaN
+    std, mean = torch.std_mean(flat, 1, correction=0, keepdim=True)
+    flat = (flat - mean) / std.clamp_min(1e-6)
+    return flat.view_as(p)
+
+
+def _standardise(x: torch.Tensor, n_train: int, per_channel: bool) -> torch.Tensor:
+    """Zero mean, unit variance (per channel = dim 1, or overall), with train-split statistics."""
+    train = x[:n_train]
+    dims = [d for d in range(x.dim()) if d != 1] if per_channel else list(range(x.dim()))
+    std, mean = torch.std_mean(train, dims, correction=0, keepdim=True)
+    return x.sub_(mean).div_(std.clamp_min(1e-6))
+
+
+def _check(cfg, shape, k, sizes) -> None:
+    if not shape or any(d < 1 for d in shape):
+        raise ConfigError("dataset.shape", f"must be a non-empty list of positive sizes, got {shape}")
+    if k < 1:
+        raise ConfigError("dataset.num_classes", f"must be >= 1, got {k}")
+    for split, n in zip(("train", "val", "test"), sizes):
+        if n < 0:
+            raise ConfigError(f"dataset.n_{split}", f"must be >= 0, got {n}")
+    if sizes[0] < 1:
+        raise ConfigError("dataset.n_train", "must be >= 1 (normalisation uses train statistics)")
+    if float(_get(cfg, "noise")) < 0:
+        raise ConfigError("dataset.noise", f"must be >= 0, got {_get(cfg, 'noise')}")
+    if int(_get(cfg, "prototypes", 3)) < 1:
+        raise ConfigError("dataset.prototypes", f"must be >= 1, got {_get(cfg, 'prototypes')}")
+
+
+def _get(cfg, key, default=None):
+    """A field of a DictConfig, dataclass or plain dict, so factories accept any of them."""
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)

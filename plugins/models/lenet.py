@@ -1,0 +1,44 @@
+"""LeNet-5 (LeCun et al., 1998): two conv layers and three dense layers, 5 units.
+
+No BN and no dropout, as in the original. The classic net expects 32x32 inputs; MNIST's 28x28
+digits get padding 2 on the first conv (the usual adaptation) so the feature maps are the same
+(6x28x28 -> 6x14x14 -> 16x10x10 -> 16x5x5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from framework.config import ModelConfig
+from framework.errors import ConfigError
+from framework.registry import register
+
+
+@dataclass
+class LeNetConfig(ModelConfig):
+    name: str = "lenet"
+
+
+@register("model", "lenet", schema=LeNetConfig)
+def lenet(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
+    """LeNet-5: conv6-5, conv16-5, fc120, fc84, fc-X."""
+    if len(input_shape) != 3:
+        raise ConfigError("model.name", f"lenet needs image input (C, H, W), got shape {tuple(input_shape)}")
+    c, h, w = input_shape
+    pad = 2 if min(h, w) < 32 else 0  # bring small inputs (MNIST) up to LeNet's 32x32 receptive layout
+
+    def after(size: int) -> int:  # conv5(pad) -> pool2 -> conv5 -> pool2
+        return ((size + 2 * pad - 4) // 2 - 4) // 2
+
+    fh, fw = after(h), after(w)
+    if fh < 1 or fw < 1:
+        raise ConfigError("model.name", f"lenet input {h}x{w} is too small (needs at least 12x12)")
+    return [
+        ("conv1", nn.Sequential(nn.Conv2d(c, 6, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2))),
+        ("conv2", nn.Sequential(nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2))),
+        ("fc1", nn.Sequential(nn.Flatten(), nn.Linear(16 * fh * fw, 120), nn.ReLU())),
+        ("fc2", nn.Sequential(nn.Linear(120, 84), nn.ReLU())),
+        ("fc3", nn.Linear(84, num_classes)),
+    ]

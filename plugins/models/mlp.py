@@ -1,0 +1,40 @@
+"""Plain multilayer perceptron: the smallest model, used for exact-equivalence tests.
+
+Only Linear + ReLU (no dropout, no BN), so a pipelined run in float64 must match a single-device
+run bit for bit up to summation order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import nn
+
+from framework.config import ModelConfig
+from framework.errors import ConfigError
+from framework.registry import register
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    name: str = "mlp"
+    hidden: int = 128  # width of every hidden layer
+    depth: int = 4  # number of units (Linear layers), >= 2
+
+
+@register("model", "mlp", schema=MLPConfig)
+def mlp(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
+    """MLP: fc0 (flatten + Linear + ReLU), fc1..fc{depth-2}, head."""
+    depth, hidden = int(cfg.depth), int(cfg.hidden)
+    if depth < 2:
+        raise ConfigError("model.depth", f"{depth} is too small; an MLP needs at least 2 units (fc0 and head)")
+    if hidden < 1:
+        raise ConfigError("model.hidden", f"{hidden} must be positive")
+    units: list[tuple[str, nn.Module]] = [
+        ("fc0", nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), hidden), nn.ReLU()))
+    ]
+    for i in range(1, depth - 1):
+        units.append((f"fc{i}", nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU())))
+    units.append(("head", nn.Linear(hidden, num_classes)))
+    return units

@@ -1,0 +1,1 @@
+from plugins.predictors import basic  # noqa: F401

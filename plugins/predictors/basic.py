@@ -1,0 +1,54 @@
+"""Baseline latency predictors: `oracle` (the simulator's own device model) and `flops`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.cluster import Device, Work
+from framework.config import PredictorConfig
+from framework.registry import register
+
+
+@dataclass
+class OracleConfig(PredictorConfig):
+    name: str = "oracle"
+
+
+@dataclass
+class FlopsConfig(PredictorConfig):
+    name: str = "flops"
+    flops_per_s: float = 1.0e9  # assumed rate when the device declares none
+
+
+@register("predictor", "oracle", schema=OracleConfig)
+class OraclePredictor:
+    """The device's own time model (exact on the simulator; FLOPs for `measured` devices)."""
+
+    def __init__(self, cfg, cluster=None):
+        self.cfg = cfg
+
+    def predict(self, device: Device, work: Work) -> float:
+        if device.cfg.time_model == "measured":
+            return FlopsPredictor.estimate(device, work, device.cfg.flops_per_s)
+        return device.time(work)
+
+
+@register("predictor", "flops", schema=FlopsConfig)
+class FlopsPredictor:
+    """FLOPs / rate: blind to per-layer-type speed, the classic planner assumption."""
+
+    def __init__(self, cfg, cluster=None):
+        self.cfg = cfg
+
+    @staticmethod
+    def estimate(device: Device, work: Work, rate: float) -> float:
+        if work.seconds is not None:
+            return work.seconds
+        units = range(work.start, work.stop)
+        if work.kind == "step":
+            return device.cfg.step_flops_per_param * sum(device.infos[i].params for i in units) / rate
+        flops = sum(device.infos[i].flops for i in units) * work.batch
+        return flops * (device.cfg.backward_ratio if work.kind == "bwd" else 1.0) / rate
+
+    def predict(self, device: Device, work: Work) -> float:
+        return self.estimate(device, work, device.cfg.flops_per_s or self.cfg.flops_per_s)

@@ -1,0 +1,1 @@
+from plugins.schedulers import classic  # noqa: F401

@@ -1,0 +1,83 @@
+"""The classic schedules: local, GPipe, 1F1B (PipeDream-flush) and PipeDream (async 1F1B).
+
+Each is only its per-stage action list; `framework.pipeline.PipelineScheduler` runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.config import SchedulerConfig
+from framework.errors import ConfigError
+from framework.pipeline import STEP, B, F, PipelineScheduler, one_f_one_b
+from framework.registry import register
+
+
+@dataclass
+class LocalConfig(SchedulerConfig):
+    name: str = "local"
+
+
+@dataclass
+class GPipeConfig(SchedulerConfig):
+    name: str = "gpipe"
+    microbatches: int = 4
+
+
+@dataclass
+class OneFOneBConfig(SchedulerConfig):
+    name: str = "1f1b"
+    microbatches: int = 4
+
+
+@dataclass
+class PipeDreamConfig(SchedulerConfig):
+    name: str = "pipedream"
+
+
+@register("scheduler", "local", schema=LocalConfig)
+class Local(PipelineScheduler):
+    """One device, the reference loop: gradient accumulation over micro-batches, one step."""
+
+    def num_stages_override(self, num_stages: int) -> int:
+        return 1
+
+    def actions(self, stage, num_stages, num_mb):
+        acts = []
+        for m in range(num_mb):
+            acts += [F(m), B(m)]
+        return acts + [STEP]
+
+
+@register("scheduler", "gpipe", schema=GPipeConfig)
+class GPipe(PipelineScheduler):
+    """GPipe: every forward, then every backward, then one synchronous step (Huang et al. 2019)."""
+
+    def actions(self, stage, num_stages, num_mb):
+        return [F(m) for m in range(num_mb)] + [B(m) for m in range(num_mb)] + [STEP]
+
+
+@register("scheduler", "1f1b", schema=OneFOneBConfig)
+class OneFOneB(PipelineScheduler):
+    """1F1B with a flush (PipeDream-flush / DAPPLE): GPipe's bubble, at most S micro-batches alive."""
+
+    def actions(self, stage, num_stages, num_mb):
+        return one_f_one_b(stage, num_stages, num_mb) + [STEP]
+
+
+@register("scheduler", "pipedream", schema=PipeDreamConfig)
+class PipeDream(PipelineScheduler):
+    """PipeDream: asynchronous 1F1B over whole mini-batches with weight stashing (Narayanan et al. 2019),
+    as FTPipeHD and AccEPT use it. Stage s updates after each backward; its weights are S-1-s
+    updates stale at backward time. The pipeline drains at each epoch end (for evaluation)."""
+
+    flush_per = "epoch"
+    stash = True
+
+    def num_microbatches(self) -> int:
+        if int(self.cfg.microbatches) != 1:
+            raise ConfigError("scheduler.microbatches", f"pipedream pipelines whole mini-batches, one per stage; got {self.cfg.microbatches}, use 1")
+        return 1
+
+    def actions(self, stage, num_stages, num_mb):
+        return one_f_one_b(stage, num_stages, num_mb, step_after_backward=True)
