@@ -47,10 +47,38 @@ def app(cfg: DictConfig) -> float | None:
     return m.get("val/acc")  # the value a Hydra sweeper would optimise
 
 
+def group_choices(group: str) -> list[str]:
+    root = Path(CONF_DIR) / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def check_group_overrides(args: list[str]) -> str | None:
+    """A one-line error for `group=option` overrides naming an option that does not exist.
+
+    Hydra would say the same over a dozen lines with its search path; this names the choices."""
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        group = key.lstrip("+~")
+        if "." in group or not (Path(CONF_DIR) / group).is_dir() or group == "hydra":
+            continue
+        choices = group_choices(group)
+        for option in value.split(","):  # multirun sweeps: a,b,c
+            option = option.strip()
+            if option and option != "null" and option not in choices:
+                return f"{group}={option}: no such {group}; choices: {', '.join(choices)}"
+    return None
+
+
 def main() -> None:
     if "--plugins" in sys.argv[1:]:
         print(registry.describe())
         return
+    problem = check_group_overrides(sys.argv[1:])
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     registry.load_plugins()  # plugin schemas must be in the ConfigStore before Hydra composes
     app()
 

@@ -1,0 +1,135 @@
+"""End to end through `python -m framework` and MLflow: errors, runs, sweeps, determinism."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from framework.job import Job
+from tests.conftest import compose_cfg
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["train.epochs=1", "train.iterations_per_epoch=3", "dataset.n_train=256", "dataset.n_val=64", "dataset.n_test=64", "runtime.progress=false"]
+
+
+def cli(args, cwd, env_extra=None):
+    env = dict(os.environ, PYTHONPATH=str(REPO), **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "framework", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def all_runs(client):
+    exps = client.search_experiments()
+    return client.search_runs([e.experiment_id for e in exps]) if exps else []
+
+
+BAD_INPUTS = [
+    (["scheduler.microbatches=abc"], ["scheduler.microbatches", "abc"]),
+    (["scheduler=nope"], ["scheduler=nope", "gpipe", "1f1b", "pipedream", "local"]),
+    (["scheduler.microbatchs=4"], ["microbatchs"]),
+    (["cluster.num_devices=0"], ["cluster.num_devices", ">= 1", "got 0"]),
+    (["model=lenet", "cluster=uniform", "cluster.num_devices=8"], ["scheduler.stages", "8 stages", "5 units"]),
+    (["scheduler.microbatches=128", "train.batch_size=64"], ["scheduler.microbatches", "128", "64"]),
+    (["cluster=uniform", "cluster.num_devices=3", "scheduler.partition=[2,1]"], ["scheduler.partition", "strictly increasing"]),
+    (["scheduler.partition=[1,2]"], ["scheduler.partition", "2 cut indices", "give 1"]),
+    (["dataset=fashion_mnist", "dataset.root=/nonexistent/fmnist"], ["dataset-fashion-mnist", "dataset.root"]),
+]
+
+
+@pytest.mark.parametrize("args,needles", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_paragraph_and_no_run_left_running(tmp_path, mlflow_store, args, needles):
+    tracking, client = mlflow_store
+    res = cli(tracking + TINY + args, tmp_path)
+    assert res.returncode != 0
+    err = res.stderr
+    assert "Traceback" not in err, err
+    for n in needles:
+        assert n in err, (n, err)
+    assert len(err.strip().splitlines()) <= 12, err
+    assert all(r.info.status != "RUNNING" for r in all_runs(client))
+
+
+def test_plugins_flag_lists_registered_names(tmp_path):
+    res = cli(["--plugins"], tmp_path)
+    assert res.returncode == 0
+    for name in ("gpipe", "1f1b", "pipedream", "local", "vgg5", "mobilenetv2", "synthetic_mnist", "fashion_mnist", "oracle", "mlflow", "sim"):
+        assert name in res.stdout
+
+
+def test_run_recorded_in_mlflow_with_params_metrics_artifacts(tmp_path, mlflow_store):
+    tracking, client = mlflow_store
+    summary = Job(compose_cfg(tracking + TINY + ["scheduler=gpipe"], fast=False), tmp_path / "run").run()
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["scheduler"] == "gpipe"
+    assert run.data.params["model"] == "lenet"
+    assert run.data.params["scheduler.microbatches"] == "4"
+    for m in ("train/loss", "val/acc", "test/acc", "time/virtual_s", "time/epoch_virtual_s", "pipe/bubble_frac", "util/busy_frac/stage0", "net/bytes/dev0_to_dev1", "throughput/samples_per_s"):
+        assert m in run.data.metrics, m
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "plan.json", "timeline.json", "timeline.png", "summary.json"} <= arts
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    for key in ("scheduler", "virtual_time_s", "wall_time_s", "epochs", "iterations", "samples", "metrics", "roles", "links", "bubble_frac", "mlflow_run_id", "peak_inflight"):
+        assert key in s
+    assert s["links"]["dev0->dev1"]["bytes"] > 0
+    trace = json.loads((tmp_path / "run" / "timeline.json").read_text())
+    assert any(e.get("ph") == "X" and e["name"].startswith("fwd") for e in trace["traceEvents"])
+
+
+def test_failure_mid_run_marks_run_failed_and_keeps_outputs(tmp_path, mlflow_store, monkeypatch):
+    tracking, client = mlflow_store
+    job = Job(compose_cfg(tracking + TINY + ["scheduler=gpipe"], fast=False), tmp_path / "run")
+    stage = job.scheduler.stages[1]
+    calls = {"n": 0}
+    original = stage.backward
+
+    def broken(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("device fell over")
+        return original(*a, **k)
+
+    monkeypatch.setattr(stage, "backward", broken)
+    with pytest.raises(RuntimeError, match="device fell over"):
+        job.run()
+    runs = all_runs(client)
+    assert [r.info.status for r in runs] == ["FAILED"]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["status"] == "FAILED" and s["virtual_time_s"] > 0
+    assert (tmp_path / "run" / "timeline.json").exists()
+
+
+def test_same_config_and_seed_give_identical_summaries(tmp_path, mlflow_store):
+    tracking, _ = mlflow_store
+    over = tracking + TINY + ["scheduler=1f1b", "train.iterations_per_epoch=6", "train.epochs=2"]
+    a = Job(compose_cfg(over, fast=False), tmp_path / "a").run()
+    b = Job(compose_cfg(over, fast=False), tmp_path / "b").run()
+
+    def strip(s):
+        s = json.loads(json.dumps(s))
+        s.pop("wall_time_s")
+        s.pop("mlflow_run_id")  # a new MLflow run each time, by design
+        s["metrics"].pop("time/wall_s")
+        return s
+
+    assert a["mlflow_run_id"] != b["mlflow_run_id"]
+    assert strip(a) == strip(b)
+    c = Job(compose_cfg(over + ["seed=1"], fast=False), tmp_path / "c").run()
+    assert strip(c)["metrics"]["train/loss"] != strip(a)["metrics"]["train/loss"]
+
+
+def test_multirun_has_one_parent_and_a_child_per_job(tmp_path, mlflow_store):
+    tracking, client = mlflow_store
+    res = cli(["-m", "scheduler=local,gpipe,1f1b,pipedream", "cluster.num_devices=2", *tracking, *TINY], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = all_runs(client)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 4
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert {c.data.params["scheduler"] for c in children} == {"local", "gpipe", "1f1b", "pipedream"}
+    assert all(r.info.status == "FINISHED" for r in runs)
