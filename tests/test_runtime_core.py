@@ -1,0 +1,219 @@
+"""The virtual clock, links, devices and the wire format, on their own."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from framework import wire
+from framework.clock import run_virtual
+from framework.cluster import Cluster, Work, host_profile
+from framework.config import ClusterConfig
+from framework.errors import ConfigError, DeadlockError, WireError
+from framework.models import UnitModel
+from framework.runtime.base import RoleSpec
+from framework.runtime.sim import SimRuntime
+from framework.compression import Compressor
+
+
+def cluster(**over):
+    cfg = OmegaConf.merge(OmegaConf.structured(ClusterConfig(name="t")), over)
+    return Cluster(cfg)
+
+
+# ---- clock ---------------------------------------------------------------------------------
+
+
+def test_virtual_clock_jumps_without_sleeping_and_orders_ties_fifo():
+    order = []
+
+    async def sleeper(name, d):
+        loop = asyncio.get_running_loop()
+        await loop.sleep(d)
+        order.append((name, loop.time()))
+
+    async def main():
+        await asyncio.gather(sleeper("a", 3600.0), sleeper("b", 1.0), sleeper("c", 1.0))
+        return asyncio.get_running_loop().time()
+
+    import time
+
+    t0 = time.perf_counter()
+    assert run_virtual(main()) == 3600.0
+    assert time.perf_counter() - t0 < 1.0
+    assert order == [("b", 1.0), ("c", 1.0), ("a", 3600.0)]
+
+
+def test_deadlock_is_reported_with_what_each_role_waits_on():
+    c = cluster(num_devices=2)
+
+    async def a(ctx):
+        await ctx.recv("b", "x")
+
+    async def b(ctx):
+        await ctx.recv("a", "y")
+
+    rt = SimRuntime(None, c, Compressor())
+    with pytest.raises(DeadlockError, match=r"a waits on recv 'x' from b; b waits on recv 'y' from a"):
+        rt.run({"a": RoleSpec("dev0", a), "b": RoleSpec("dev1", b)})
+
+
+# ---- links ---------------------------------------------------------------------------------
+
+
+def _send_times(c, sizes, src="dev0", dst="dev1", reliable=True):
+    """Arrival time of each message, all sent at t=0, through the runtime."""
+    arrivals = []
+
+    async def sender(ctx):
+        for i, n in enumerate(sizes):
+            ctx.send("rx", "t", torch.zeros(n // 4, dtype=torch.float32), reliable=reliable)
+
+    async def receiver(ctx):
+        for _ in sizes:
+            got = await ctx.recv("tx", "t", timeout=1e6)
+            arrivals.append((ctx.now, None if got is None else got.numel() * 4))
+
+    rt = SimRuntime(None, c, Compressor())
+    rt.run({"tx": RoleSpec(src, sender), "rx": RoleSpec(dst, receiver)})
+    return arrivals, rt
+
+
+def test_link_fifo_bandwidth_latency_and_real_byte_counts():
+    c = cluster(num_devices=2, link={"bandwidth_bps": 8e6, "latency_s": 0.01})
+    arrivals, rt = _send_times(c, [1_000_000, 1_000_000])
+    pkt = wire.encoded_size({"x": torch.zeros(250_000)})
+    assert pkt > 1_000_000
+    t1 = pkt * 8 / 8e6
+    assert arrivals[0][0] == pytest.approx(t1 + 0.01, rel=1e-12)
+    assert arrivals[1][0] == pytest.approx(2 * t1 + 0.01, rel=1e-12)  # queued behind the first
+    assert rt.timeline.link_stats()["dev0->dev1"]["bytes"] == 2 * pkt
+
+
+def test_full_duplex_links_vs_shared_medium():
+    def both_ways(shared):
+        c = cluster(num_devices=2, link={"bandwidth_bps": 1e6}, shared_medium=shared)
+        done = {}
+
+        def prog(me, other):
+            async def p(ctx):
+                ctx.send(other, "t", torch.zeros(1000))
+                await ctx.recv(other, "t")
+                done[me] = ctx.now
+
+            return p
+
+        SimRuntime(None, c, Compressor()).run({"a": RoleSpec("dev0", prog("a", "b")), "b": RoleSpec("dev1", prog("b", "a"))})
+        return max(done.values())
+
+    one = wire.encoded_size({"x": torch.zeros(1000)}) * 8 / 1e6
+    assert both_ways(False) == pytest.approx(one)
+    assert both_ways(True) == pytest.approx(2 * one)  # one transfer at a time on a hotspot
+
+
+def test_bandwidth_trace_is_integrated():
+    c = cluster(num_devices=2, link={"bandwidth_bps": 1e6, "trace": [[0.0, 1e6], [0.5, 4e6]]})
+    link = c.link("dev0", "dev1")
+    # 1 Mbit: 0.5 Mbit in the first half second, the rest at 4 Mbit/s
+    assert link.tx_time(125_000, 0.0) == pytest.approx(0.5 + 0.5e6 / 4e6)
+    assert link.tx_time(125_000, 1.0) == pytest.approx(1e6 / 4e6)
+
+
+def test_lossy_link_retransmits_reliable_and_drops_unreliable():
+    c = cluster(num_devices=2, link={"bandwidth_bps": 1e6, "loss": 0.5, "retransmit_timeout_s": 0.1}, )
+    arrivals, rt = _send_times(c, [4000] * 40)
+    assert all(n == 4000 for _, n in arrivals)
+    assert rt.timeline.link_stats()["dev0->dev1"]["messages"] > 40  # retransmissions crossed the link
+    c2 = cluster(num_devices=2, link={"bandwidth_bps": 1e6, "loss": 0.5})
+    arrivals, rt = _send_times(c2, [4000] * 40, reliable=False)
+    lost = sum(n is None for _, n in arrivals)
+    assert rt.messages_lost == lost and 5 < lost < 35
+
+
+def test_cluster_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"cluster.links.dev0->dev9"):
+        cluster(num_devices=2, links={"dev0->dev9": {"latency_s": 1.0}})
+    with pytest.raises(ConfigError, match=r"cluster.devices.dev1.speed.*valid keys"):
+        cluster(num_devices=2, devices={"dev1": {"speed": 2}})
+    with pytest.raises(ConfigError, match=r"time_model.*analytic, profile, measured"):
+        cluster(num_devices=1, device={"time_model": "guess"})
+    c = cluster(num_devices=2, devices={"server": {"flops_per_s": 1e12}}, links={"dev*->server": {"bandwidth_bps": 10e6}})
+    assert c.names == ["dev0", "dev1", "server"]
+    assert c.link("dev1", "server").cfg.bandwidth_bps == 10e6
+    assert math.isinf(c.link("server", "dev1").cfg.bandwidth_bps)
+
+
+# ---- devices -------------------------------------------------------------------------------
+
+
+def _tiny_model():
+    units = [("a", torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU())), ("b", torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4 * 8 * 8, 10)))]
+    return UnitModel("tiny", units, (1, 8, 8), 10)
+
+
+def test_analytic_time_is_flops_over_rate_with_kind_factors():
+    m = _tiny_model()
+    cfg = OmegaConf.merge(OmegaConf.structured(ClusterConfig(name="t")), {"num_devices": 1, "device": {"flops_per_s": 1e6, "kind_factors": {"conv": 2.0}}})
+    dev = Cluster(cfg, m).device("dev0")
+    conv = m.infos[0].flops_by_kind["conv"]
+    expected = (m.infos[0].flops + conv) * 16 / 1e6  # conv FLOPs counted twice
+    assert dev.time(Work("fwd", 0, 1, 16)) == pytest.approx(expected)
+    assert dev.time(Work("bwd", 0, 1, 16)) == pytest.approx(2 * expected)
+    assert dev.time(Work("step", 0, 2)) == pytest.approx(4.0 * sum(i.params for i in m.infos) / 1e6)
+
+
+def test_profile_time_model_is_cached_and_deterministic(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELAB_CACHE", str(tmp_path))
+    m = _tiny_model()
+    p1 = host_profile(m, 8)
+    p2 = host_profile(m, 8)
+    assert p1 == p2 and all(t > 0 for t in p1["fwd"] + p1["bwd"])
+    cfg = OmegaConf.merge(OmegaConf.structured(ClusterConfig(name="t")), {"num_devices": 1, "device": {"time_model": "profile", "slowdown": 3.0}})
+    dev = Cluster(cfg, m, batch_size=8).device("dev0")
+    assert dev.time(Work("fwd", 0, 2, 4)) == pytest.approx(3.0 * 0.5 * (p1["fwd"][0] + p1["fwd"][1]))
+
+
+# ---- wire ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.bool])
+def test_wire_round_trip(dtype):
+    t = (torch.randn(3, 5, 2) * 10).to(dtype)
+    data = wire.encode({"x": t, "y": torch.arange(4)}, iteration=7, microbatch=3, weight_version=2)
+    p = wire.decode(data)
+    assert p.iteration == 7 and p.microbatch == 3 and p.weight_version == 2
+    assert torch.equal(p.tensors["x"], t) and p.tensors["x"].dtype == dtype
+    assert len(data) == wire.encoded_size({"x": t, "y": torch.arange(4)})
+
+
+def test_wire_rejects_malformed_packets_with_one_error_type():
+    good = wire.encode({"x": torch.randn(4, 4)})
+    bad = [b"", good[:10], b"XXXX" + good[4:], good[:-1], good + b"\0", good[:4] + b"\x09" + good[5:]]
+    # a shape that claims more elements than the payload holds
+    bad.append(good.replace(b"\x04\x00\x00\x00\x04\x00\x00\x00", b"\xff\xff\xff\x7f\xff\xff\xff\x7f", 1))
+    for b in bad:
+        with pytest.raises(WireError):
+            wire.decode(b)
+    with pytest.raises(WireError):
+        wire.decode("not bytes")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(500):  # random mutations: WireError or a valid packet, nothing else
+        buf = bytearray(good)
+        for i in torch.randint(0, len(buf), (3,), generator=g).tolist():
+            buf[i] = int(torch.randint(0, 256, (1,), generator=g))
+        try:
+            wire.decode(bytes(buf))
+        except WireError:
+            pass
+
+
+def test_timing_only_packets_carry_shapes_not_payloads():
+    t = torch.empty(64, 32, 16, 16, device="meta")
+    data = wire.encode({"x": t})
+    assert len(data) < 100
+    assert Compressor().size({"x": t}, data) == wire.encoded_size({"x": torch.empty(64, 32, 16, 16)})
+    assert wire.decode(data).tensors["x"].shape == (64, 32, 16, 16)
