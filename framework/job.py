@@ -70,16 +70,20 @@ class Job(RuntimeHooks):
         self._final: dict[str, float] = {}
         self.tracker = None
         self._progress = None
+        self._batches_epoch, self._batches = None, []
 
     # ---- data for role programs ------------------------------------------------------------
 
     def train_batches(self, epoch: int) -> list:
-        out = []
-        for i, (x, y) in enumerate(batches(self.dataset.x_train, self.dataset.y_train, self.cfg.train.batch_size, self.cfg.seed, epoch)):
-            if i >= self.iterations_per_epoch:
-                break
-            out.append((x, y))
-        return out
+        """The epoch's mini-batches; every role of an epoch gets the same list (built once)."""
+        if self._batches_epoch != epoch:
+            out = []
+            for i, (x, y) in enumerate(batches(self.dataset.x_train, self.dataset.y_train, self.cfg.train.batch_size, self.cfg.seed, epoch)):
+                if i >= self.iterations_per_epoch:
+                    break
+                out.append((x, y))
+            self._batches, self._batches_epoch = out, epoch
+        return self._batches
 
     # ---- runtime hooks ------------------------------------------------------------------------
 
@@ -179,14 +183,7 @@ class Job(RuntimeHooks):
             self.tracker.log_artifact(self.out_dir / "config.yaml")
             plan = self.scheduler.plan()
             (self.out_dir / "plan.json").write_text(json.dumps(plan, indent=2))
-            if cfg.runtime.progress:
-                from tqdm import tqdm
-
-                self._progress = tqdm(total=cfg.train.epochs * self.iterations_per_epoch, desc=run_name, unit="it", file=sys.stderr, dynamic_ncols=True, leave=False)
-            self.virtual_time = self.runtime.run(self.scheduler.roles())
-            if self.numerics:
-                tl, ta = self.evaluate("test")
-                self._final["test/loss"], self._final["test/acc"] = tl, ta
+            self.train(progress_desc=run_name)
             status = "FINISHED"
         except BaseException:
             self.virtual_time = self.runtime.timeline.makespan
@@ -199,6 +196,23 @@ class Job(RuntimeHooks):
             finally:
                 self.tracker.end(status)
         return summary
+
+    def train(self, progress_desc: str = "") -> float:
+        """Run every role program to the end and test the result; returns the virtual time."""
+        if self.tracker is None:
+            from framework.tracking import NullTracker
+
+            self.tracker = NullTracker(self.cfg.tracking)
+        self._wall0 = getattr(self, "_wall0", time.perf_counter())
+        if self.cfg.runtime.progress:
+            from tqdm import tqdm
+
+            self._progress = tqdm(total=self.cfg.train.epochs * self.iterations_per_epoch, desc=progress_desc, unit="it", file=sys.stderr, dynamic_ncols=True, leave=False)
+        self.virtual_time = self.runtime.run(self.scheduler.roles())
+        if self.numerics:
+            tl, ta = self.evaluate("test")
+            self._final["test/loss"], self._final["test/acc"] = tl, ta
+        return self.virtual_time
 
     def _write_outputs(self, status: str) -> dict:
         tl = self.runtime.timeline
