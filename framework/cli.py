@@ -74,6 +74,9 @@ def check_group_overrides(args: list[str]) -> str | None:
 def main() -> None:
     if "--plugins" in sys.argv[1:]:
         print(registry.describe())
+        print("\nconfig presets (conf/<group>/*.yaml; pick with group=name):")
+        for group in registry.GROUPS + ("experiment",):
+            print(f"  {group:<11} {', '.join(group_choices(group)) or '-'}")
         return
     problem = check_group_overrides(sys.argv[1:])
     if problem:

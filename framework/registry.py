@@ -115,6 +115,8 @@ def describe() -> str:
     lines = []
     for g in GROUPS:
         lines.append(f"{g}:")
+        if not _REGISTRY[g]:
+            lines.append("  (no code plugins: presets are data, listed below)")
         for n in sorted(_REGISTRY[g]):
             e = _REGISTRY[g][n]
             lines.append(f"  {n:<20} {e.doc}")

@@ -133,3 +133,12 @@ def test_multirun_has_one_parent_and_a_child_per_job(tmp_path, mlflow_store):
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert {c.data.params["scheduler"] for c in children} == {"local", "gpipe", "1f1b", "pipedream"}
     assert all(r.info.status == "FINISHED" for r in runs)
+
+
+@pytest.mark.parametrize("experiment", ["bubble_textbook", "vgg5_pi4_wifi"])
+def test_experiment_presets_compose_and_run(tmp_path, experiment):
+    cfg = compose_cfg([f"experiment={experiment}", "train.epochs=1", "train.iterations_per_epoch=2", "dataset.n_val=64", "dataset.n_test=64"])
+    summary = Job(cfg, tmp_path).run()
+    assert summary["iterations"] == 2
+    if experiment == "bubble_textbook":
+        assert summary["bubble_frac"] == pytest.approx(3 / 11, abs=1e-6)

@@ -67,9 +67,11 @@ class OneFOneB(PipelineScheduler):
 
 @register("scheduler", "pipedream", schema=PipeDreamConfig)
 class PipeDream(PipelineScheduler):
-    """PipeDream: asynchronous 1F1B over whole mini-batches with weight stashing (Narayanan et al. 2019),
-    as FTPipeHD and AccEPT use it. Stage s updates after each backward; its weights are S-1-s
-    updates stale at backward time. The pipeline drains at each epoch end (for evaluation)."""
+    """PipeDream: asynchronous 1F1B over whole mini-batches with weight stashing (Narayanan et al. 2019).
+
+    As FTPipeHD and AccEPT use it: stage s updates after each backward, and backpropagates
+    through the weights its forward used (stashed), S-1-s updates old. The pipeline drains at
+    each epoch end so that evaluation sees one consistent model."""
 
     flush_per = "epoch"
     stash = True
