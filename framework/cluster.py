@@ -70,6 +70,7 @@ class Device:
         if cfg.time_model == "profile" and profile is None:
             raise ValueError(f"device {name}: the profile time model needs a host profile")
         self._unit_factor = [self._kind_factor(i) for i in self.infos]
+        self._memo: dict[Work, float] = {}
 
     def _kind_factor(self, info) -> float:
         kf = self.cfg.kind_factors
@@ -85,6 +86,16 @@ class Device:
         """Seconds this device needs for `work`; `wall_s` is the host's measured time of the call."""
         if work.seconds is not None:
             return float(work.seconds)
+        if self.cfg.time_model == "measured":
+            if wall_s is None:
+                raise ValueError(f"device {self.name}: the measured time model needs the call's wall time")
+            return self.cfg.slowdown * wall_s
+        t = self._memo.get(work)  # analytic and profile times depend on the work alone
+        if t is None:
+            t = self._memo[work] = self._model_time(work)
+        return t
+
+    def _model_time(self, work: Work) -> float:
         cfg = self.cfg
         units = range(work.start, work.stop)
         if cfg.time_model == "analytic":
@@ -99,10 +110,7 @@ class Device:
             table = self.profile[work.kind]
             scale = 1.0 if work.kind == "step" else work.batch / self.profile["batch"]
             return cfg.slowdown * scale * sum(table[i] * self._unit_factor[i] for i in units)
-        # measured
-        if wall_s is None:
-            raise ValueError(f"device {self.name}: the measured time model needs the call's wall time")
-        return cfg.slowdown * wall_s
+        raise ValueError(f"device {self.name}: no model time for time model {cfg.time_model!r}")
 
 
 class Channel:

@@ -21,8 +21,8 @@ class Compressor:
     def encode(self, tensors: dict[str, torch.Tensor], *, iteration: int = 0, microbatch: int = 0) -> bytes:
         return wire.encode(tensors, iteration=iteration, microbatch=microbatch)
 
-    def decode(self, data: bytes) -> wire.Packet:
-        return wire.decode(data)
+    def decode(self, data: bytes, *, copy: bool = True) -> wire.Packet:
+        return wire.decode(data, copy=copy)
 
     def size(self, tensors: dict[str, torch.Tensor], data: bytes) -> int:
         """Bytes on the link; timing-only packets count the payload they stand for."""

@@ -15,6 +15,7 @@ allocates anything and raises `WireError`, and only `WireError`, on malformed in
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field
 
@@ -31,9 +32,6 @@ MAX_TENSORS = 4096
 MAX_ELEMENTS = 1 << 34  # 16 Gi elements: anything larger is not a tensor we sent
 
 _HEAD = struct.Struct("<4sBBHIII")
-_U16 = struct.Struct("<H")
-_TENSOR_HEAD = struct.Struct("<BBB")
-_U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
@@ -52,8 +50,13 @@ class Packet:
     meta: dict[str, bytes] = field(default_factory=dict)
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+_ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in DTYPES}
+
+
+@functools.lru_cache(maxsize=256)
+def _tensor_head(name_len: int, ndim: int) -> struct.Struct:
+    """name_len u16 | name | codec u8 | dtype u8 | ndim u8 | shape u32 x ndim | meta_len u32 | payload_len u64"""
+    return struct.Struct(f"<H{name_len}sBBB{ndim}IIQ")
 
 
 def _u32(x: int, what: str) -> int:
@@ -69,27 +72,17 @@ def encode(tensors: dict[str, torch.Tensor], *, iteration=0, microbatch=0, weigh
     if len(tensors) > MAX_TENSORS:
         raise WireError(f"{len(tensors)} tensors in one packet (max {MAX_TENSORS})")
     timing_only = any(t.device.type == "meta" for t in tensors.values())
-    heads: list[bytes] = []
-    payloads: list = []
+    parts: list = [_HEAD.pack(MAGIC, VERSION, FLAG_TIMING_ONLY if timing_only else 0, len(tensors), _u32(iteration, "iteration"), _u32(microbatch, "microbatch"), _u32(weight_version, "weight_version"))]
     for name, t in tensors.items():
         nb = name.encode()
-        if t.dtype not in _DTYPE_ID:
+        dtype_id = _DTYPE_ID.get(t.dtype)
+        if dtype_id is None:
             raise WireError(f"tensor {name!r}: dtype {t.dtype} has no wire id")
-        if t.dim() > MAX_NDIM:
-            raise WireError(f"tensor {name!r}: {t.dim()} dims (max {MAX_NDIM})")
-        nbytes = t.numel() * t.element_size()
-        heads.append(
-            _U16.pack(len(nb)) + nb
-            + _TENSOR_HEAD.pack(CODEC_RAW, _DTYPE_ID[t.dtype], t.dim())
-            + struct.pack(f"<{t.dim()}I", *[_u32(d, "dimension") for d in t.shape])
-            + _U32.pack(0)
-            + _U64.pack(nbytes)
-        )
-        payloads.append(None if timing_only else t)
-    parts: list = [_HEAD.pack(MAGIC, VERSION, FLAG_TIMING_ONLY if timing_only else 0, len(tensors), _u32(iteration, "iteration"), _u32(microbatch, "microbatch"), _u32(weight_version, "weight_version"))]
-    for h, t in zip(heads, payloads):
-        parts.append(h)
-        if t is not None and t.numel():
+        shape = t.shape
+        if len(shape) > MAX_NDIM or len(nb) >= 1 << 16 or (shape and max(shape) >= 1 << 32):
+            raise WireError(f"tensor {name!r}: shape {tuple(shape)} or name does not fit the wire format")
+        parts.append(_tensor_head(len(nb), len(shape)).pack(len(nb), nb, CODEC_RAW, dtype_id, len(shape), *shape, 0, t.numel() * _ITEMSIZE[t.dtype]))
+        if not timing_only and t.numel():
             src = t.detach().contiguous().cpu()
             if src.dtype == torch.bfloat16:
                 src = src.view(torch.int16)
@@ -101,32 +94,38 @@ def encoded_size(tensors: dict[str, torch.Tensor]) -> int:
     """Bytes `encode` would produce with the payloads included (timing-only packets count them)."""
     n = _HEAD.size
     for name, t in tensors.items():
-        n += _U16.size + len(name.encode()) + _TENSOR_HEAD.size + 4 * t.dim() + _U32.size + _U64.size
-        n += t.numel() * t.element_size()
+        n += _tensor_head(len(name.encode()), t.dim()).size + t.numel() * _ITEMSIZE[t.dtype]
     return n
 
 
 class _Reader:
-    def __init__(self, buf: bytes):
+    def __init__(self, buf):
         self.buf = memoryview(buf)
         self.pos = 0
 
-    def take(self, n: int, what: str) -> memoryview:
-        if n < 0 or self.pos + n > len(self.buf):
-            raise WireError(f"truncated packet: {what} needs {n} bytes at offset {self.pos}, {len(self.buf) - self.pos} left")
-        out = self.buf[self.pos : self.pos + n]
-        self.pos += n
-        return out
+    def need(self, n: int, what: str) -> int:
+        """Claim n bytes at the cursor; returns their offset."""
+        pos = self.pos
+        if n < 0 or pos + n > len(self.buf):
+            raise WireError(f"truncated packet: {what} needs {n} bytes at offset {pos}, {len(self.buf) - pos} left")
+        self.pos = pos + n
+        return pos
 
     def unpack(self, st: struct.Struct, what: str):
-        return st.unpack(self.take(st.size, what))
+        return st.unpack_from(self.buf, self.need(st.size, what))
 
 
-def decode(buf) -> Packet:
+_NAME_LEN = struct.Struct("<H")
+_TENSOR_FIXED = struct.Struct("<BBB")
+_META_LEN = struct.Struct("<I")
+
+
+def decode(buf, *, copy: bool = True) -> Packet:
     """Parse a packet; raise WireError on anything malformed.
 
-    Payloads are copied out into fresh tensors: views into the packet would alias the caller's
-    buffer and sit at unaligned offsets, which slows CPU kernels down by a third and more."""
+    Payloads are copied out into fresh tensors. With `copy=False` and a bytearray packet the
+    tensors are views into it instead: only for a caller that owns the buffer and drops it (the
+    simulator's in-process links), since the views alias it."""
     if not isinstance(buf, (bytes, bytearray, memoryview)):
         raise WireError(f"a packet is bytes, not {type(buf).__name__}")
     r = _Reader(buf)
@@ -140,40 +139,43 @@ def decode(buf) -> Packet:
     if n > MAX_TENSORS:
         raise WireError(f"{n} tensors in one packet (max {MAX_TENSORS})")
     timing_only = bool(flags & FLAG_TIMING_ONLY)
+    views = not copy and isinstance(buf, bytearray)
     tensors: dict[str, torch.Tensor] = {}
     for _ in range(n):
-        (name_len,) = r.unpack(_U16, "name length")
+        (name_len,) = r.unpack(_NAME_LEN, "name length")
+        at = r.need(name_len, "name")
         try:
-            name = bytes(r.take(name_len, "name")).decode()
+            name = bytes(r.buf[at : at + name_len]).decode()
         except UnicodeDecodeError:
             raise WireError("tensor name is not UTF-8") from None
         if name in tensors:
             raise WireError(f"duplicate tensor name {name!r}")
-        codec, dtype_id, ndim = r.unpack(_TENSOR_HEAD, "tensor header")
+        codec, dtype_id, ndim = r.unpack(_TENSOR_FIXED, "tensor header")
         if codec != CODEC_RAW:
             raise WireError(f"tensor {name!r}: unknown codec id {codec}")
         if dtype_id >= len(DTYPES):
             raise WireError(f"tensor {name!r}: unknown dtype id {dtype_id}")
         if ndim > MAX_NDIM:
             raise WireError(f"tensor {name!r}: {ndim} dims (max {MAX_NDIM})")
-        shape = struct.unpack(f"<{ndim}I", r.take(4 * ndim, "shape"))
+        shape = struct.unpack_from(f"<{ndim}I", r.buf, r.need(4 * ndim, "shape"))
         numel = 1
-        for s in shape:
-            numel *= s
+        for d in shape:
+            numel *= d
         if numel > MAX_ELEMENTS:
             raise WireError(f"tensor {name!r}: absurd shape {shape}")
-        (meta_len,) = r.unpack(_U32, "meta length")
-        r.take(meta_len, "codec metadata")  # raw tensors carry none; other codecs read theirs
+        (meta_len,) = r.unpack(_META_LEN, "meta length")
+        r.need(meta_len, "codec metadata")  # raw tensors carry none; other codecs read theirs
         (payload_len,) = r.unpack(_U64, "payload length")
         dtype = DTYPES[dtype_id]
-        if payload_len != numel * _itemsize(dtype):
+        if payload_len != numel * _ITEMSIZE[dtype]:
             raise WireError(f"tensor {name!r}: payload of {payload_len} bytes for shape {shape} {dtype}")
         if timing_only:
             tensors[name] = torch.empty(shape, dtype=dtype, device="meta")
             continue
-        raw = r.take(payload_len, "payload")
+        at = r.need(payload_len, "payload")
         np_dtype = np.int16 if dtype == torch.bfloat16 else _NP_DTYPE[dtype]
-        t = torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).copy())
+        arr = np.frombuffer(r.buf, dtype=np_dtype, count=numel, offset=at)
+        t = torch.from_numpy(arr if views else arr.copy())
         if dtype == torch.bfloat16:
             t = t.view(torch.bfloat16)
         tensors[name] = t.reshape(shape)

@@ -65,7 +65,7 @@ class SimContext(RoleContext):
         self.role = role
         self.device_name = device_name
         self.device = runtime.cluster.device(device_name)
-        self.waiting_on = "starting"
+        self.waiting_on: tuple = ("starting",)
 
     @property
     def now(self) -> float:
@@ -74,7 +74,7 @@ class SimContext(RoleContext):
     async def compute(self, work: Work, fn: Callable | None = None, *args, iteration=-1, microbatch=-1, group=-1, **kwargs) -> Any:
         rt = self.rt
         queue = rt.device_queues[self.device_name]
-        self.waiting_on = f"device {self.device_name} for {work.kind}"
+        self.waiting_on = ("device", work.kind)
         await queue.acquire(rt.loop)
         try:
             start = rt.loop.time()
@@ -82,7 +82,7 @@ class SimContext(RoleContext):
             result = fn(*args, **kwargs) if fn is not None else None
             wall = time.perf_counter() - t0
             duration = self.device.time(work, wall)
-            self.waiting_on = f"{work.kind} on {self.device_name}"
+            self.waiting_on = ("compute", work.kind)
             if duration > 0:
                 await rt.loop.sleep(duration)
             rt.timeline.compute(self.role, work.kind, start, start + duration, iteration, microbatch, group)
@@ -99,7 +99,7 @@ class SimContext(RoleContext):
             return box.items.popleft()
         fut = self.rt.loop.create_future()
         box.waiters.append(fut)
-        self.waiting_on = f"recv {tag!r} from {src}"
+        self.waiting_on = ("recv", tag, src)
         if timeout is None:
             return await fut
         timer = self.rt.loop.sleep(timeout)
@@ -107,7 +107,7 @@ class SimContext(RoleContext):
         return await fut
 
     async def end_epoch(self, epoch: int) -> None:
-        self.waiting_on = f"end of epoch {epoch}"
+        self.waiting_on = ("epoch", epoch)
         await self.rt.barrier(("epoch", epoch), lambda: self.rt.hooks.on_epoch_end(epoch, self.now))
 
     def iteration_done(self, epoch: int, iteration: int, samples: int) -> None:
@@ -169,7 +169,7 @@ class SimRuntime:
             return
 
         def deliver(_):
-            packet = self.codec.decode(data)
+            packet = self.codec.decode(data, copy=False)  # the buffer is this message's alone
             t = packet.tensors
             box.put(t["x"] if set(t) == {"x"} else t)
 
@@ -185,8 +185,18 @@ class SimRuntime:
             return
         await state["fut"]
 
+    @staticmethod
+    def _describe_wait(ctx: SimContext) -> str:
+        what = ctx.waiting_on  # a tuple on the hot path; words only when a deadlock is reported
+        return {
+            "device": lambda: f"device {ctx.device_name} for {what[-1]}",
+            "compute": lambda: f"{what[-1]} on {ctx.device_name}",
+            "recv": lambda: f"recv {what[1]!r} from {what[2]}",
+            "epoch": lambda: f"the end of epoch {what[1]}",
+        }.get(what[0], lambda: what[0])()
+
     def describe_pending(self) -> str:
-        waits = "; ".join(f"{r} waits on {c.waiting_on}" for r, c in self.contexts.items() if c.waiting_on != "done")
+        waits = "; ".join(f"{r} waits on {self._describe_wait(c)}" for r, c in self.contexts.items() if c.waiting_on != ("done",))
         return f"deadlock at virtual time {self.loop.time():.6f}s: {waits}"
 
     def run(self, roles: dict[str, RoleSpec]) -> float:
@@ -201,7 +211,7 @@ class SimRuntime:
             async def wrap(role, spec):
                 ctx = self.contexts[role]
                 await spec.program(ctx)
-                ctx.waiting_on = "done"
+                ctx.waiting_on = ("done",)
 
             await asyncio.gather(*(wrap(r, s) for r, s in roles.items()))
             return self.loop.time()
