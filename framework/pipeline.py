@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from framework.data import split_microbatches
+from framework.errors import ConfigError
 from framework.partition import partition
 from framework.runtime.base import RoleSpec
 from framework.stage import Stage
@@ -79,14 +80,14 @@ class PipelineScheduler:
         num_stages = cfg.stages if cfg.stages is not None else job.cluster.cfg.num_devices
         num_stages = self.num_stages_override(num_stages)
         if num_stages > len(cluster_devices):
-            from framework.errors import ConfigError
-
             raise ConfigError("scheduler.stages", f"{num_stages} stages need {num_stages} devices but the cluster has {len(cluster_devices)}; set cluster.num_devices={num_stages}")
         self.devices = cluster_devices[:num_stages]
         self.microbatches = self.num_microbatches()
         mb_size = max(1, job.cfg.train.batch_size // self.microbatches)
         self.bounds = partition(cfg.partition, [job.cluster.device(d) for d in self.devices], len(job.model), job.model.name, job.predictor, mb_size)
         self.roles_ = [f"stage{s}" for s in range(num_stages)]
+        self.memory = [self.memory_estimate(s, mb_size) for s in range(num_stages)]
+        self.check_memory()
         self.stages = [Stage(job.model, a, b, job.cfg.train, numerics=job.numerics, stash=self.stash) for a, b in self.bounds]
 
     # -- hooks for subclasses -----------------------------------------------------------------
@@ -100,12 +101,50 @@ class PipelineScheduler:
     def actions(self, stage: int, num_stages: int, num_mb: int) -> list[Action]:
         raise NotImplementedError
 
+    # -- memory -------------------------------------------------------------------------------
+
+    def memory_estimate(self, s: int, mb_size: int) -> dict:
+        """Bytes stage s holds at its peak: weights, gradients and optimizer state, plus the
+        activations of the micro-batches its schedule keeps alive at once (read off the action
+        list) and, with weight stashing, one weight copy per batch in flight."""
+        job = self.job
+        a, b = self.bounds[s]
+        infos = job.model.infos[a:b]
+        itemsize = 8 if job.cfg.runtime.dtype == "float64" else 4
+        param_bytes = sum(i.params for i in infos) * itemsize
+        states = {"sgd": 3 if job.cfg.train.momentum else 2, "adam": 4}.get(job.cfg.train.optimizer, 3)
+        live = peak = 0
+        for act in self.actions(s, len(self.bounds), max(1, self.microbatches if self.flush_per == "iteration" else len(self.bounds))):
+            live += {"F": 1, "B": -1}.get(act.op, 0)
+            peak = max(peak, live)
+        per_mb = mb_size * sum(i.out_numel for i in infos) * itemsize
+        stash = param_bytes * peak if self.stash else 0
+        total = param_bytes * states + per_mb * peak + stash
+        return {"bytes": total, "weights_and_optimizer": param_bytes * states, "activations": per_mb * peak, "stashed_weights": stash, "microbatches_alive": peak}
+
+    def check_memory(self) -> None:
+        for s, (dev_name, est) in enumerate(zip(self.devices, self.memory)):
+            cap = self.job.cluster.device(dev_name).cfg.memory_bytes
+            if cap is not None and est["bytes"] > cap:
+                a, b = self.bounds[s]
+                mib = 1 << 20
+                raise ConfigError(
+                    f"cluster.devices.{dev_name}.memory_bytes",
+                    f"stage{s} (units {a}..{b - 1}) needs about {est['bytes'] / mib:.1f} MiB (weights, gradients and optimizer state "
+                    f"{est['weights_and_optimizer'] / mib:.1f} MiB, activations of {est['microbatches_alive']} micro-batches "
+                    f"{est['activations'] / mib:.1f} MiB, stashed weights {est['stashed_weights'] / mib:.1f} MiB) but {dev_name} has "
+                    f"{cap / mib:.1f} MiB; use more stages, a schedule with fewer micro-batches alive (1f1b) or a smaller batch",
+                )
+
     # -- what the job asks of a scheduler --------------------------------------------------
 
     def plan(self) -> dict:
         return {
             "scheduler": self.cfg.name,
-            "stages": [{"role": r, "device": d, "units": [a, b], "unit_names": self.job.model.unit_names[a:b]} for r, d, (a, b) in zip(self.roles_, self.devices, self.bounds)],
+            "stages": [
+                {"role": r, "device": d, "units": [a, b], "unit_names": self.job.model.unit_names[a:b], "memory_bytes": mem}
+                for r, d, (a, b), mem in zip(self.roles_, self.devices, self.bounds, self.memory)
+            ],
             "microbatches": self.microbatches,
             "flush_per": self.flush_per,
             "weight_stashing": self.stash,

@@ -142,3 +142,29 @@ def test_experiment_presets_compose_and_run(tmp_path, experiment):
     assert summary["iterations"] == 2
     if experiment == "bubble_textbook":
         assert summary["bubble_frac"] == pytest.approx(3 / 11, abs=1e-6)
+
+
+def test_ctrl_c_marks_the_run_failed_and_keeps_outputs(tmp_path, mlflow_store):
+    import signal
+    import time
+
+    tracking, client = mlflow_store
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = [sys.executable, "-m", "framework", *tracking, "train.epochs=100", "runtime.progress=false", "hydra.run.dir=" + str(tmp_path / "run")]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(r.info.status == "RUNNING" for r in all_runs(client)):
+            time.sleep(0.5)
+        time.sleep(2.0)  # well inside training
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+    assert [r.info.status for r in all_runs(client)] == ["FAILED"]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["status"] == "FAILED" and s["iterations"] > 0
+    json.loads((tmp_path / "run" / "timeline.json").read_text())
