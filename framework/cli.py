@@ -13,7 +13,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from framework import registry
 from framework.errors import PipelabError
@@ -83,6 +83,8 @@ def main() -> None:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     registry.load_plugins()  # plugin schemas must be in the ConfigStore before Hydra composes
+    # --help lists the user-facing groups (not the schema/* groups the YAML files extend)
+    OmegaConf.register_new_resolver("pipelab_groups", lambda: "\n".join(f"{g}: {', '.join(group_choices(g))}" for g in registry.GROUPS + ("experiment",)), replace=True)
     app()
 
 

@@ -58,6 +58,10 @@ def test_plugins_flag_lists_registered_names(tmp_path):
     assert res.returncode == 0
     for name in ("gpipe", "1f1b", "pipedream", "local", "vgg5", "mobilenetv2", "synthetic_mnist", "fashion_mnist", "oracle", "mlflow", "sim"):
         assert name in res.stdout
+    res = cli(["--help"], tmp_path)
+    assert res.returncode == 0
+    assert "scheduler: 1f1b, gpipe, local, pipedream" in res.stdout
+    assert "schema/" not in res.stdout.split("== Config ==")[0]
 
 
 def test_run_recorded_in_mlflow_with_params_metrics_artifacts(tmp_path, mlflow_store):
