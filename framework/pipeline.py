@@ -76,7 +76,7 @@ class PipelineScheduler:
     def __init__(self, cfg, job):
         self.cfg = cfg
         self.job = job
-        cluster_devices = [n for n in job.cluster.names if n.startswith("dev")]
+        cluster_devices = [f"dev{i}" for i in range(job.cluster.cfg.num_devices)]  # not extra named devices
         num_stages = cfg.stages if cfg.stages is not None else job.cluster.cfg.num_devices
         num_stages = self.num_stages_override(num_stages)
         if num_stages > len(cluster_devices):
@@ -113,8 +113,10 @@ class PipelineScheduler:
         itemsize = 8 if job.cfg.runtime.dtype == "float64" else 4
         param_bytes = sum(i.params for i in infos) * itemsize
         states = {"sgd": 3 if job.cfg.train.momentum else 2, "adam": 4}.get(job.cfg.train.optimizer, 3)
+        # an asynchronous schedule's peak shows within its first S items (the warm-up)
+        items = self.microbatches if self.flush_per == "iteration" else len(self.bounds)
         live = peak = 0
-        for act in self.actions(s, len(self.bounds), max(1, self.microbatches if self.flush_per == "iteration" else len(self.bounds))):
+        for act in self.actions(s, len(self.bounds), items):
             live += {"F": 1, "B": -1}.get(act.op, 0)
             peak = max(peak, live)
         per_mb = mb_size * sum(i.out_numel for i in infos) * itemsize
