@@ -7,8 +7,8 @@ A packet (version 1, little-endian):
     name_len u16 | name utf-8 | codec u8 | dtype u8 | ndim u8 | shape u32 x ndim
     | meta_len u32 | meta bytes | payload_len u64 | payload
 
-Codec 0 is raw (the tensor's bytes); compressors register other codec ids with their own
-metadata. Flag bit 0 marks a timing-only packet (`runtime.numerics=false`): shapes travel,
+Codec 0 is raw (the tensor's bytes); other codecs (framework.codec) register their ids and
+carry their own metadata; the packet names the codec, so a receiver decodes without state. Flag bit 0 marks a timing-only packet (`runtime.numerics=false`): shapes travel,
 payloads are counted but not carried. `decode` checks every field and length before it
 allocates anything and raises `WireError`, and only `WireError`, on malformed input.
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from framework.codec import Encoded, decoder, numel
 from framework.errors import WireError
 
 MAGIC = b"PLAB"
@@ -30,6 +31,7 @@ FLAG_TIMING_ONLY = 1
 MAX_NDIM = 8
 MAX_TENSORS = 4096
 MAX_ELEMENTS = 1 << 34  # 16 Gi elements: anything larger is not a tensor we sent
+MAX_META = 1 << 20  # codec metadata per tensor
 
 _HEAD = struct.Struct("<4sBBHIII")
 _U64 = struct.Struct("<Q")
@@ -65,36 +67,51 @@ def _u32(x: int, what: str) -> int:
     return int(x)
 
 
-def encode(tensors: dict[str, torch.Tensor], *, iteration=0, microbatch=0, weight_version=0) -> bytearray:
-    """Raw-codec packet of named tensors. Meta-device tensors give a timing-only packet.
-
-    Each payload is copied exactly once, into the packet."""
+def encode(tensors: dict, *, iteration=0, microbatch=0, weight_version=0) -> bytearray:
+    """A packet of named tensors. Each value is a tensor (raw codec) or an `Encoded` one (any
+    codec). Meta-device tensors give a timing-only packet. Each payload is copied exactly once."""
     if len(tensors) > MAX_TENSORS:
         raise WireError(f"{len(tensors)} tensors in one packet (max {MAX_TENSORS})")
-    timing_only = any(t.device.type == "meta" for t in tensors.values())
+    timing_only = any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors.values())
     parts: list = [_HEAD.pack(MAGIC, VERSION, FLAG_TIMING_ONLY if timing_only else 0, len(tensors), _u32(iteration, "iteration"), _u32(microbatch, "microbatch"), _u32(weight_version, "weight_version"))]
     for name, t in tensors.items():
         nb = name.encode()
-        dtype_id = _DTYPE_ID.get(t.dtype)
+        if isinstance(t, Encoded):
+            codec_id, dtype, shape, meta, payload = t.codec_id, t.dtype, tuple(t.shape), t.meta, t.payload
+        else:
+            codec_id, dtype, shape, meta, payload = CODEC_RAW, t.dtype, tuple(t.shape), b"", None
+        dtype_id = _DTYPE_ID.get(dtype)
         if dtype_id is None:
-            raise WireError(f"tensor {name!r}: dtype {t.dtype} has no wire id")
-        shape = t.shape
-        if len(shape) > MAX_NDIM or len(nb) >= 1 << 16 or (shape and max(shape) >= 1 << 32):
-            raise WireError(f"tensor {name!r}: shape {tuple(shape)} or name does not fit the wire format")
-        parts.append(_tensor_head(len(nb), len(shape)).pack(len(nb), nb, CODEC_RAW, dtype_id, len(shape), *shape, 0, t.numel() * _ITEMSIZE[t.dtype]))
-        if not timing_only and t.numel():
-            src = t.detach().contiguous().cpu()
-            if src.dtype == torch.bfloat16:
-                src = src.view(torch.int16)
-            parts.append(memoryview(src.numpy()).cast("B"))  # a view: join copies it once
+            raise WireError(f"tensor {name!r}: dtype {dtype} has no wire id")
+        if len(shape) > MAX_NDIM or len(nb) >= 1 << 16 or (shape and max(shape) >= 1 << 32) or len(meta) > MAX_META:
+            raise WireError(f"tensor {name!r}: shape {shape}, name or metadata does not fit the wire format")
+        if codec_id == CODEC_RAW:
+            nbytes = numel(shape) * _ITEMSIZE[dtype]
+        else:
+            nbytes = len(payload) if payload is not None else 0
+        parts.append(_tensor_head(len(nb), len(shape)).pack(len(nb), nb, codec_id, dtype_id, len(shape), *shape, len(meta), nbytes))
+        parts.append(meta)
+        if timing_only:
+            continue
+        if codec_id == CODEC_RAW:
+            if t.numel():
+                src = t.detach().contiguous().cpu()
+                if src.dtype == torch.bfloat16:
+                    src = src.view(torch.int16)
+                parts.append(memoryview(src.numpy()).cast("B"))  # a view: join copies it once
+        else:
+            parts.append(payload)
     return bytearray().join(parts)
 
 
-def encoded_size(tensors: dict[str, torch.Tensor]) -> int:
+def encoded_size(tensors: dict) -> int:
     """Bytes `encode` would produce with the payloads included (timing-only packets count them)."""
     n = _HEAD.size
     for name, t in tensors.items():
-        n += _tensor_head(len(name.encode()), t.dim()).size + t.numel() * _ITEMSIZE[t.dtype]
+        if isinstance(t, Encoded):
+            n += _tensor_head(len(name.encode()), len(t.shape)).size + len(t.meta) + len(t.payload)
+        else:
+            n += _tensor_head(len(name.encode()), t.dim()).size + t.numel() * _ITEMSIZE[t.dtype]
     return n
 
 
@@ -152,29 +169,37 @@ def decode(buf, *, copy: bool = True) -> Packet:
             raise WireError(f"duplicate tensor name {name!r}")
         codec, dtype_id, ndim = r.unpack(_TENSOR_FIXED, "tensor header")
         if codec != CODEC_RAW:
-            raise WireError(f"tensor {name!r}: unknown codec id {codec}")
+            codec_cls = decoder(codec)  # WireError for an unknown id
         if dtype_id >= len(DTYPES):
             raise WireError(f"tensor {name!r}: unknown dtype id {dtype_id}")
         if ndim > MAX_NDIM:
             raise WireError(f"tensor {name!r}: {ndim} dims (max {MAX_NDIM})")
         shape = struct.unpack_from(f"<{ndim}I", r.buf, r.need(4 * ndim, "shape"))
-        numel = 1
-        for d in shape:
-            numel *= d
-        if numel > MAX_ELEMENTS:
+        n_el = numel(shape)
+        if n_el > MAX_ELEMENTS:
             raise WireError(f"tensor {name!r}: absurd shape {shape}")
         (meta_len,) = r.unpack(_META_LEN, "meta length")
-        r.need(meta_len, "codec metadata")  # raw tensors carry none; other codecs read theirs
+        if meta_len > MAX_META:
+            raise WireError(f"tensor {name!r}: {meta_len} bytes of codec metadata (max {MAX_META})")
+        meta_at = r.need(meta_len, "codec metadata")
         (payload_len,) = r.unpack(_U64, "payload length")
         dtype = DTYPES[dtype_id]
-        if payload_len != numel * _ITEMSIZE[dtype]:
+        if payload_len > n_el * _ITEMSIZE[dtype] + MAX_META:  # no codec expands a tensor
+            raise WireError(f"tensor {name!r}: payload of {payload_len} bytes for shape {shape} {dtype}")
+        if codec == CODEC_RAW and payload_len != n_el * _ITEMSIZE[dtype]:
             raise WireError(f"tensor {name!r}: payload of {payload_len} bytes for shape {shape} {dtype}")
         if timing_only:
             tensors[name] = torch.empty(shape, dtype=dtype, device="meta")
             continue
         at = r.need(payload_len, "payload")
+        if codec != CODEC_RAW:
+            out = codec_cls.decode(bytes(r.buf[meta_at : meta_at + meta_len]), r.buf[at : at + payload_len], shape, dtype)
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape):
+                raise WireError(f"tensor {name!r}: codec {codec_cls.name} rebuilt the wrong shape")
+            tensors[name] = out
+            continue
         np_dtype = np.int16 if dtype == torch.bfloat16 else _NP_DTYPE[dtype]
-        arr = np.frombuffer(r.buf, dtype=np_dtype, count=numel, offset=at)
+        arr = np.frombuffer(r.buf, dtype=np_dtype, count=n_el, offset=at)
         t = torch.from_numpy(arr if views else arr.copy())
         if dtype == torch.bfloat16:
             t = t.view(torch.bfloat16)
