@@ -34,7 +34,7 @@ class Encoded:
     dtype: torch.dtype  # the dtype the receiver reconstructs
     shape: tuple
     meta: bytes
-    payload: bytes | bytearray | memoryview
+    payload: bytes | bytearray | memoryview | None  # None: a timing-only stand-in
 
 
 class Codec:

@@ -1,31 +1,236 @@
-"""The compressor interface: how tensors become bytes on a link.
+"""Compressors: how tensors become bytes on a link, per direction.
 
-The base class is `compressor=none`: raw tensors in the wire format. Compressor plugins
-override `encode`/`decode` with their codecs (and keep their own state); the runtime only
-calls these three methods, and counts `size()` bytes on the link.
+A compressor pairs a forward codec (activations, tag `act`) with a backward codec (gradients,
+tag `grad`), each with a bit width that may follow an explicit epoch schedule
+(`schedule: [[0, 2], [130, 3], [175, 4]]`, AccEPT section 2.2.6). Codecs keep per-stream state (one
+stream per (src, dst, tag)); the compressor hands each its stream and resets streams whose codec
+wants a fresh start at each epoch (MBQ re-initialises at batch 0 of every epoch).
+
+Tensors with other tags travel raw. The base class with both directions off is
+`compressor=none`.
+
+Codec time: encoding is charged to the sending device and decoding to the receiving one (see
+framework.runtime.sim). `time.model=linear` (the default, deterministic) prices a codec call at
+`s_per_MB * fp32_MB + s` (the feature-replay paper's Raspberry Pi 4B fit, Fig. 11);
+`time.model=measured` uses the host's wall time of the call times `time.scale`; raw tensors
+cost nothing.
+
+The compressor also keeps the numbers a run reports: bytes before (fp32 wire packets) and after
+per direction, bit widths, codec seconds and the relative L2 quantization error.
 """
 
 from __future__ import annotations
 
+import time
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
 import torch
 
 from framework import wire
+from framework.codec import Encoded, codec_class
+from framework.config import CompressorConfig
+from framework.errors import ConfigError
+
+TIME_MODELS = ("linear", "measured", "none")
+
+
+@dataclass
+class DirectionConfig:
+    codec: str = "none"  # a codec name (framework.codec), or none
+    bits: int = 32
+    # [[epoch, bits], ...]: from `epoch` on, use `bits`; empty = always `bits`. A list of pairs
+    # rather than a map because Hydra merges a dict override key by key into a struct-mode node,
+    # which refuses new keys; a list override replaces the whole list.
+    schedule: List[List[int]] = field(default_factory=list)
+    options: Dict[str, Any] = field(default_factory=dict)  # codec-specific options
+
+
+@dataclass
+class CodecTimeConfig:
+    model: str = "linear"  # linear | measured | none
+    encode_s_per_MB: float = 0.02636  # Pi 4B, x = fp32 MB (feature-replay notes, section 2.5)
+    encode_s: float = 0.00114
+    decode_s_per_MB: float = 0.02636
+    decode_s: float = 0.00114
+    scale: float = 1.0  # measured: host seconds -> device seconds
+
+
+@dataclass
+class CompressionConfig(CompressorConfig):
+    forward: DirectionConfig = field(default_factory=DirectionConfig)
+    backward: DirectionConfig = field(default_factory=DirectionConfig)
+    forward_tag: str = "act"
+    backward_tag: str = "grad"
+    time: CodecTimeConfig = field(default_factory=CodecTimeConfig)
+
+
+class _Direction:
+    def __init__(self, name: str, cfg: DirectionConfig | None):
+        self.name = name
+        cfg = cfg if cfg is not None else DirectionConfig()
+        self.codec_name = cfg.codec
+        try:
+            self.schedule = {int(epoch): int(bits) for epoch, bits in (cfg.schedule or [])}
+        except (TypeError, ValueError):
+            raise ConfigError(f"compressor.{'forward' if name == 'fwd' else 'backward'}.schedule", f"{list(cfg.schedule)} is not a list of [epoch, bits] pairs, e.g. [[0, 2], [130, 3], [175, 4]]") from None
+        self.base_bits = int(cfg.bits)
+        self.codec = None
+        if cfg.codec != "none":
+            bits = self.bits_at(0)
+            self.codec = codec_class(cfg.codec)(bits=bits, **dict(cfg.options or {}))
+            for b in set(self.schedule.values()):  # fail now, not at epoch 130
+                codec_class(cfg.codec)(bits=b, **dict(cfg.options or {}))
+        self.raw_bytes = 0
+        self.wire_bytes = 0
+        self.messages = 0
+        self.encode_s = 0.0
+        self.decode_s = 0.0
+        self.err_sum = 0.0
+        self.err_n = 0
+
+    def bits_at(self, epoch: int) -> int:
+        bits = self.base_bits
+        for start in sorted(self.schedule):
+            if epoch >= start:
+                bits = self.schedule[start]
+        return bits
+
+    @property
+    def bits(self) -> int:
+        return self.codec.bits if self.codec is not None else 32
+
+    def take_error(self) -> float | None:
+        if not self.err_n:
+            return None
+        e = self.err_sum / self.err_n
+        self.err_sum, self.err_n = 0.0, 0
+        return e
 
 
 class Compressor:
-    """No compression: tensors cross links as raw wire packets."""
+    """No compression: tensors cross links as raw wire packets (fp32 stays fp32)."""
 
     def __init__(self, cfg=None):
         self.cfg = cfg
+        get = (lambda k, d=None: cfg.get(k, d)) if cfg is not None and hasattr(cfg, "get") else (lambda k, d=None: d)
+        self.forward_tag = get("forward_tag", "act")
+        self.backward_tag = get("backward_tag", "grad")
+        self.directions = {
+            self.forward_tag: _Direction("fwd", get("forward")),
+            self.backward_tag: _Direction("bwd", get("backward")),
+        }
+        tcfg = get("time")
+        self.time_cfg = tcfg if tcfg is not None else CodecTimeConfig(model="none")
+        if self.time_cfg.model not in TIME_MODELS:
+            raise ConfigError("compressor.time.model", f"{self.time_cfg.model!r} is not a codec time model; choices: {', '.join(TIME_MODELS)}")
+        self.seed = 0
+        self.epoch = 0
+        self._streams: dict = defaultdict(dict)
 
-    def encode(self, tensors: dict[str, torch.Tensor], *, iteration: int = 0, microbatch: int = 0) -> bytes:
-        return wire.encode(tensors, iteration=iteration, microbatch=microbatch)
+    # ---- configuration over time ---------------------------------------------------------
 
-    def decode(self, data: bytes, *, copy: bool = True) -> wire.Packet:
+    def set_seed(self, seed: int) -> None:
+        self.seed = int(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Apply the bit-width schedules and mark every stream for a fresh start."""
+        self.epoch = epoch
+        for d in self.directions.values():
+            if d.codec is not None:
+                d.codec.bits = d.bits_at(epoch)
+        for stream in self._streams.values():
+            stream["reset"] = True
+
+    def stream(self, src: str, dst: str, tag: str) -> dict:
+        s = self._streams[(src, dst, tag)]
+        if "seed" not in s:
+            s["seed"] = zlib.crc32(f"{self.seed}:{src}->{dst}:{tag}".encode())
+        return s
+
+    # ---- the runtime's calls ----------------------------------------------------------------
+
+    def encode(self, tensors: dict, *, src: str = "", dst: str = "", tag: str = "", iteration: int = 0, microbatch: int = 0) -> tuple[bytes, int, int]:
+        """(packet, bytes it occupies on the link, bytes of the uncompressed packet). Timing-only
+        packets carry no payloads but count the bytes they stand for."""
+        raw_size = wire.encoded_size(tensors)
+        d = self.directions.get(tag)
+        if d is None or d.codec is None:
+            data = wire.encode(tensors, iteration=iteration, microbatch=microbatch)
+            if d is not None:
+                d.raw_bytes += raw_size
+                d.wire_bytes += raw_size
+                d.messages += 1
+            return data, raw_size, raw_size
+        stream = self.stream(src, dst, tag)
+        out = {}
+        missing_payload = 0
+        for name, t in tensors.items():
+            if t.device.type == "meta":  # timing only: sizes, no math
+                meta_n, payload_n = d.codec.wire_size(tuple(t.shape))
+                out[name] = Encoded(d.codec.codec_id, t.dtype, tuple(t.shape), b"\0" * meta_n, None)
+                missing_payload += payload_n
+                continue
+            out[name] = self.encode_tensor(d, t, stream, src=src, dst=dst, iteration=iteration, microbatch=microbatch)
+            err = stream.get("rel_err")
+            if err is not None:
+                d.err_sum += float(err)
+                d.err_n += 1
+        data = wire.encode(out, iteration=iteration, microbatch=microbatch)
+        size = len(data) + missing_payload
+        d.raw_bytes += raw_size
+        d.wire_bytes += size
+        d.messages += 1
+        return data, size, raw_size
+
+    def encode_tensor(self, d: _Direction, t: torch.Tensor, stream: dict, **where) -> Encoded:
+        """One tensor through the direction's codec (subclasses add error feedback here)."""
+        return d.codec.encode(t.detach(), stream)
+
+    def decode(self, data, *, src: str = "", dst: str = "", tag: str = "", copy: bool = True) -> wire.Packet:
         return wire.decode(data, copy=copy)
 
-    def size(self, tensors: dict[str, torch.Tensor], data: bytes) -> int:
-        """Bytes on the link; timing-only packets count the payload they stand for."""
-        if any(t.device.type == "meta" for t in tensors.values()):
-            return wire.encoded_size(tensors)
-        return len(data)
+    def codec_seconds(self, kind: str, tag: str, tensors: dict, wall_s: float) -> float:
+        """Device seconds to encode (kind='encode') or decode one packet of `tag` holding
+        `tensors` (the originals: the linear model is in their fp32 megabytes)."""
+        d = self.directions.get(tag)
+        if d is None or d.codec is None or self.time_cfg.model == "none":
+            return 0.0
+        if self.time_cfg.model == "measured":
+            s = wall_s * self.time_cfg.scale
+        else:
+            mb = sum(t.numel() for t in tensors.values()) * 4 / 1e6
+            if kind == "encode":
+                s = self.time_cfg.encode_s_per_MB * mb + self.time_cfg.encode_s
+            else:
+                s = self.time_cfg.decode_s_per_MB * mb + self.time_cfg.decode_s
+        if kind == "encode":
+            d.encode_s += s
+        else:
+            d.decode_s += s
+        return s
+
+    # ---- what a run reports -----------------------------------------------------------------
+
+    def epoch_metrics(self) -> dict[str, float]:
+        out = {}
+        for d in self.directions.values():
+            out[f"compression/bits_{d.name}"] = d.bits
+            err = d.take_error()
+            if err is not None:
+                out[f"compression/rel_err_{d.name}"] = err
+        return out
+
+    def summary(self) -> dict:
+        out: dict[str, Any] = {"name": self.cfg.name if self.cfg is not None else "none"}
+        for d in self.directions.values():
+            out[f"codec_{d.name}"] = d.codec_name
+            out[f"bits_{d.name}"] = d.bits
+            out[f"ratio_{d.name}"] = d.raw_bytes / d.wire_bytes if d.wire_bytes else 1.0
+            out[f"raw_bytes_{d.name}"] = d.raw_bytes
+            out[f"wire_bytes_{d.name}"] = d.wire_bytes
+            out[f"encode_s_{d.name}"] = d.encode_s
+            out[f"decode_s_{d.name}"] = d.decode_s
+        return out

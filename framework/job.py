@@ -53,6 +53,8 @@ class Job(RuntimeHooks):
         self.cluster = Cluster(cfg.cluster, self.model, batch_size=cfg.train.batch_size, seed=cfg.seed, dtype=self.dtype)
         self.predictor = registry.build("predictor", cfg.predictor, self.cluster)
         self.compressor = registry.build("compressor", cfg.compressor)
+        self.compressor.set_seed(cfg.seed)
+        self.compressor.set_epoch(0)
         self.transport = registry.build("transport", cfg.transport)
         self.scheduler = registry.build("scheduler", cfg.scheduler, self)
         self.runtime = registry.build("runtime", cfg.runtime, self.cluster, self.compressor, self)
@@ -125,6 +127,9 @@ class Job(RuntimeHooks):
             self._final["train/acc"] = correct / n
         if epoch_time > 0:
             tr.log_metric("throughput/samples_per_s", self.samples_in_epoch(epoch) / epoch_time, epoch)
+        for k, v in self.compressor.epoch_metrics().items():  # bit widths and quantization error
+            tr.log_metric(k, v, epoch)
+        self.compressor.set_epoch(epoch + 1)
         if self.numerics:
             vl, va = self.evaluate("val")
             tr.log_metric("val/loss", vl, epoch)
@@ -235,6 +240,13 @@ class Job(RuntimeHooks):
             metrics[f"util/idle_s/{r}"] = st["idle_s"]
         for l, st in links.items():
             metrics[f"net/bytes/{l}"] = st["bytes"]
+            metrics[f"net/raw_bytes/{l}"] = st["raw_bytes"]
+        wire_total = sum(st["bytes"] for st in links.values())
+        if wire_total:
+            metrics["net/compression_ratio"] = sum(st["raw_bytes"] for st in links.values()) / wire_total
+        compression = self.compressor.summary()
+        for k in ("ratio_fwd", "ratio_bwd", "encode_s_fwd", "decode_s_fwd", "encode_s_bwd", "decode_s_bwd"):
+            metrics[f"compression/{k}"] = compression[k]
         summary = {
             "status": status,
             "scheduler": self.cfg.scheduler.name,
@@ -250,6 +262,7 @@ class Job(RuntimeHooks):
             "bubble_frac": bubble,
             "peak_inflight": stats.get("peak_inflight", {}),
             "staleness": {"mean": stats.get("staleness", 0.0), "max": stats.get("staleness_max", 0)},
+            "compression": compression,
             "messages_lost": getattr(self.runtime, "messages_lost", 0),
             "mlflow_run_id": self.tracker.run_id,
         }

@@ -46,8 +46,10 @@ _REGISTRY: dict[str, dict[str, Entry]] = {g: {} for g in GROUPS}
 _loaded = False
 
 
-def register(group: str, name: str, *, schema: type | None = None):
-    """Decorator: register `factory` (a class or function) as `name` in `group`."""
+def register(group: str, name: str, *, schema: type | None = None, doc: str | None = None):
+    """Decorator: register `factory` (a class or function) as `name` in `group`.
+
+    `doc` (one line for `--plugins`) defaults to the schema's docstring, else the factory's."""
     if group not in _REGISTRY:
         raise ValueError(f"unknown registry group {group!r}; groups: {', '.join(GROUPS)}")
 
@@ -55,8 +57,13 @@ def register(group: str, name: str, *, schema: type | None = None):
         previous = _REGISTRY[group].get(name)
         if previous is not None and previous.factory is not factory:
             raise ValueError(f"{group} {name!r} is registered twice ({previous.factory} and {factory})")
-        doc = (factory.__doc__ or "").strip().splitlines()[0] if factory.__doc__ else ""
-        _REGISTRY[group][name] = Entry(group, name, factory, schema, doc)
+        text = doc
+        if text is None and schema is not None and schema.__doc__ and not schema.__doc__.startswith(schema.__name__ + "("):
+            text = schema.__doc__  # a written docstring, not the dataclass signature
+        if text is None:
+            text = factory.__doc__ or ""
+        line = text.strip().splitlines()[0] if text.strip() else ""
+        _REGISTRY[group][name] = Entry(group, name, factory, schema, line)
         if schema is not None:
             _store_schema(group, name, schema)
         return factory

@@ -36,6 +36,7 @@ class Timeline:
     def __init__(self):
         self.intervals: list[Interval] = []
         self.link_bytes: dict[str, int] = defaultdict(int)
+        self.link_raw_bytes: dict[str, int] = defaultdict(int)
         self.link_messages: dict[str, int] = defaultdict(int)
         self.roles: list[str] = []
         self.links: list[str] = []
@@ -47,10 +48,12 @@ class Timeline:
     def compute(self, role, kind, start, end, iteration=-1, microbatch=-1, group=-1):
         self.intervals.append(Interval(role, kind, start, end, iteration, microbatch, group))
 
-    def transfer(self, link, start, end, nbytes, iteration=-1, microbatch=-1, kind="send"):
+    def transfer(self, link, start, end, nbytes, iteration=-1, microbatch=-1, kind="send", raw_bytes=None):
+        """One transmission of `nbytes` (`raw_bytes`: the same message uncompressed)."""
         if link not in self.link_bytes:
             self.links.append(link)
         self.link_bytes[link] += nbytes
+        self.link_raw_bytes[link] += nbytes if raw_bytes is None else raw_bytes
         self.link_messages[link] += 1
         self.intervals.append(Interval(link, kind, start, end, iteration, microbatch, -1, nbytes))
 
@@ -71,7 +74,10 @@ class Timeline:
 
     def link_stats(self) -> dict[str, dict[str, float]]:
         busy = self.busy()
-        return {l: {"bytes": int(self.link_bytes[l]), "messages": int(self.link_messages[l]), "busy_s": busy.get(l, 0.0)} for l in self.links}
+        return {
+            l: {"bytes": int(self.link_bytes[l]), "raw_bytes": int(self.link_raw_bytes[l]), "messages": int(self.link_messages[l]), "busy_s": busy.get(l, 0.0)}
+            for l in self.links
+        }
 
     def bubble_frac(self) -> float:
         windows: dict[int, list] = {}
@@ -118,7 +124,7 @@ class Timeline:
 
         ivs = [iv for iv in self.intervals if iv.iteration < iterations] or self.intervals[:2000]
         rows = self.roles + [l for l in self.links if any(iv.resource == l for iv in ivs)]
-        colors = {"fwd": "#4C72B0", "bwd": "#DD8452", "step": "#55A868", "send": "#8172B3", "lost": "#C44E52"}
+        colors = {"fwd": "#4C72B0", "bwd": "#DD8452", "step": "#55A868", "encode": "#CCB974", "decode": "#64B5CD", "send": "#8172B3", "lost": "#C44E52"}
         fig, ax = plt.subplots(figsize=(11, 0.45 * len(rows) + 1.4))
         for y, r in enumerate(rows):
             by_kind = defaultdict(list)

@@ -57,8 +57,9 @@ _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in DTYPES}
 
 @functools.lru_cache(maxsize=256)
 def _tensor_head(name_len: int, ndim: int) -> struct.Struct:
-    """name_len u16 | name | codec u8 | dtype u8 | ndim u8 | shape u32 x ndim | meta_len u32 | payload_len u64"""
-    return struct.Struct(f"<H{name_len}sBBB{ndim}IIQ")
+    """name_len u16 | name | codec u8 | dtype u8 | ndim u8 | shape u32 x ndim | meta_len u32
+    (then the meta bytes, payload_len u64 and the payload)"""
+    return struct.Struct(f"<H{name_len}sBBB{ndim}II")
 
 
 def _u32(x: int, what: str) -> int:
@@ -72,7 +73,7 @@ def encode(tensors: dict, *, iteration=0, microbatch=0, weight_version=0) -> byt
     codec). Meta-device tensors give a timing-only packet. Each payload is copied exactly once."""
     if len(tensors) > MAX_TENSORS:
         raise WireError(f"{len(tensors)} tensors in one packet (max {MAX_TENSORS})")
-    timing_only = any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors.values())
+    timing_only = any((t.payload is None) if isinstance(t, Encoded) else (t.device.type == "meta") for t in tensors.values())
     parts: list = [_HEAD.pack(MAGIC, VERSION, FLAG_TIMING_ONLY if timing_only else 0, len(tensors), _u32(iteration, "iteration"), _u32(microbatch, "microbatch"), _u32(weight_version, "weight_version"))]
     for name, t in tensors.items():
         nb = name.encode()
@@ -89,8 +90,9 @@ def encode(tensors: dict, *, iteration=0, microbatch=0, weight_version=0) -> byt
             nbytes = numel(shape) * _ITEMSIZE[dtype]
         else:
             nbytes = len(payload) if payload is not None else 0
-        parts.append(_tensor_head(len(nb), len(shape)).pack(len(nb), nb, codec_id, dtype_id, len(shape), *shape, len(meta), nbytes))
+        parts.append(_tensor_head(len(nb), len(shape)).pack(len(nb), nb, codec_id, dtype_id, len(shape), *shape, len(meta)))
         parts.append(meta)
+        parts.append(_U64.pack(nbytes))
         if timing_only:
             continue
         if codec_id == CODEC_RAW:
@@ -109,9 +111,9 @@ def encoded_size(tensors: dict) -> int:
     n = _HEAD.size
     for name, t in tensors.items():
         if isinstance(t, Encoded):
-            n += _tensor_head(len(name.encode()), len(t.shape)).size + len(t.meta) + len(t.payload)
+            n += _tensor_head(len(name.encode()), len(t.shape)).size + len(t.meta) + _U64.size + len(t.payload)
         else:
-            n += _tensor_head(len(name.encode()), t.dim()).size + t.numel() * _ITEMSIZE[t.dtype]
+            n += _tensor_head(len(name.encode()), t.dim()).size + _U64.size + t.numel() * _ITEMSIZE[t.dtype]
     return n
 
 

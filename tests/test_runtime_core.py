@@ -215,5 +215,6 @@ def test_timing_only_packets_carry_shapes_not_payloads():
     t = torch.empty(64, 32, 16, 16, device="meta")
     data = wire.encode({"x": t})
     assert len(data) < 100
-    assert Compressor().size({"x": t}, data) == wire.encoded_size({"x": torch.empty(64, 32, 16, 16)})
+    packet, size, raw = Compressor().encode({"x": t})
+    assert packet == data and size == raw == wire.encoded_size({"x": torch.empty(64, 32, 16, 16)})
     assert wire.decode(data).tensors["x"].shape == (64, 32, 16, 16)

@@ -30,13 +30,19 @@ class _DeviceQueue:
         self.free = slots
         self.waiters: deque = deque()
 
-    async def acquire(self, loop) -> None:
+    def try_acquire(self, loop) -> asyncio.Future | None:
+        """Take a slot now (None), or get in line: the future completes when the slot is ours."""
         if self.free > 0 and not self.waiters:
             self.free -= 1
-            return
+            return None
         fut = loop.create_future()
         self.waiters.append(fut)
-        await fut
+        return fut
+
+    async def acquire(self, loop) -> None:
+        fut = self.try_acquire(loop)
+        if fut is not None:
+            await fut
 
     def release(self) -> None:
         if self.waiters:
@@ -158,22 +164,54 @@ class SimRuntime:
             fut = self.loop.sleep_until(now)
             fut.add_done_callback(lambda _: box.put(payload))
             return
-        data = self.codec.encode(tensors, iteration=iteration, microbatch=microbatch)
-        nbytes = self.codec.size(tensors, data)
-        attempts, arrival = link.schedule(nbytes, now, reliable)
-        for i, (s, e) in enumerate(attempts):
-            lost = i < len(attempts) - 1 or arrival is None
-            self.timeline.transfer(link.name, s, e, nbytes, iteration, microbatch, "lost" if lost else "send")
-        if arrival is None:
-            self.messages_lost += 1
-            return
+        t0 = time.perf_counter()
+        data, nbytes, raw_bytes = self.codec.encode(tensors, src=src, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
+        enc_s = self.codec.codec_seconds("encode", tag, tensors, time.perf_counter() - t0)
 
-        def deliver(_):
-            packet = self.codec.decode(data, copy=False)  # the buffer is this message's alone
+        def transmit(t_ready: float) -> None:
+            attempts, arrival = link.schedule(nbytes, t_ready, reliable)
+            for i, (s, e) in enumerate(attempts):
+                lost = i < len(attempts) - 1 or arrival is None
+                self.timeline.transfer(link.name, s, e, nbytes, iteration, microbatch, "lost" if lost else "send", raw_bytes)
+            if arrival is None:
+                self.messages_lost += 1
+                return
+            self.loop.sleep_until(arrival).add_done_callback(lambda _: receive())
+
+        def receive() -> None:
+            t1 = time.perf_counter()
+            packet = self.codec.decode(data, src=src, dst=dst, tag=tag, copy=False)  # the buffer is this message's alone
+            dec_s = self.codec.codec_seconds("decode", tag, tensors, time.perf_counter() - t1)
             t = packet.tensors
-            box.put(t["x"] if set(t) == {"x"} else t)
+            item = t["x"] if set(t) == {"x"} else t
+            if dec_s > 0:
+                self.occupy(dst, "decode", dec_s, iteration, microbatch, lambda _: box.put(item))
+            else:
+                box.put(item)
 
-        self.loop.sleep_until(arrival).add_done_callback(deliver)
+        if enc_s > 0:
+            self.occupy(src, "encode", enc_s, iteration, microbatch, transmit)
+        else:
+            transmit(now)
+
+    def occupy(self, role: str, kind: str, seconds: float, iteration: int, microbatch: int, then: Callable[[float], None]) -> None:
+        """Run `kind` work of `seconds` on `role`'s device without blocking the caller: the
+        device slot is claimed now (so the role's next computation queues behind it), and
+        `then(end_time)` runs when it is done."""
+        ctx = self.contexts[role]
+        queue = self.device_queues[ctx.device_name]
+        waiter = queue.try_acquire(self.loop)
+
+        async def work():
+            if waiter is not None:
+                await waiter
+            start = self.loop.time()
+            await self.loop.sleep(seconds)
+            self.timeline.compute(role, kind, start, start + seconds, iteration, microbatch, -1)
+            queue.release()
+            then(start + seconds)
+
+        self.loop.create_task(work())
 
     async def barrier(self, key, on_complete: Callable[[], None]) -> None:
         state = self._barriers.setdefault(key, {"count": 0, "fut": self.loop.create_future()})

@@ -1,1 +1,1 @@
-from plugins.compressors import none  # noqa: F401
+from plugins.compressors import accept_codecs, ef_codecs, presets  # noqa: F401

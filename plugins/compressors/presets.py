@@ -1,0 +1,82 @@
+"""The compressors a user picks with `compressor=<name>`: codec pairs with the papers' defaults.
+
+All but `minmax_ef` are the core `Compressor` with different defaults; each is a config schema,
+so `compressor.forward.bits=3` or `compressor.backward.codec=fp16` work on any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from framework.compression import CodecTimeConfig, CompressionConfig, Compressor, DirectionConfig
+from framework.registry import register
+
+from plugins.compressors.minmax_ef import MinMaxEFCompressor
+
+
+def _dir(codec="none", bits=32, **options):
+    return field(default_factory=lambda: DirectionConfig(codec=codec, bits=bits, options=dict(options)))
+
+
+@dataclass
+class NoneConfig(CompressionConfig):
+    """No compression: tensors cross links as raw fp32 wire packets."""
+
+    name: str = "none"
+    time: CodecTimeConfig = field(default_factory=lambda: CodecTimeConfig(model="none"))
+
+
+@dataclass
+class MBQConfig(CompressionConfig):
+    """AccEPT: MBQ activations (k=2 to start), stochastic uniform gradients (8 bits to start)."""
+
+    name: str = "mbq"
+    forward: DirectionConfig = _dir("mbq", 2)
+    backward: DirectionConfig = _dir("stochastic_uniform", 8)
+
+
+@dataclass
+class UniformConfig(CompressionConfig):
+    """Symmetric uniform quantization (max-abs scale, unbiased stochastic rounding) both ways:
+    AccEPT's 'Uniform Quant.' baseline of Table 4 without its learned scale."""
+
+    name: str = "uniform"
+    forward: DirectionConfig = _dir("stochastic_uniform", 2)
+    backward: DirectionConfig = _dir("stochastic_uniform", 8)
+
+
+@dataclass
+class FP16Config(CompressionConfig):
+    """Half precision both ways (2x)."""
+
+    name: str = "fp16"
+    forward: DirectionConfig = _dir("fp16", 16)
+    backward: DirectionConfig = _dir("fp16", 16)
+
+
+@dataclass
+class MinMaxEFConfig(CompressionConfig):
+    """Context-aware feature replay: n-bit min-max features up, fp32 gradients down, with the
+    edge-side error-feedback correction of the returned gradient."""
+
+    name: str = "minmax_ef"
+    forward: DirectionConfig = _dir("minmax", 8)
+    backward: DirectionConfig = _dir("none", 32)
+    error_feedback: bool = True
+
+
+@dataclass
+class OneBitEFConfig(CompressionConfig):
+    """AdaLearner: 1-bit sign gradients with per-unit positive/negative means and error feedback."""
+
+    name: str = "onebit_ef"
+    forward: DirectionConfig = _dir("none", 32)
+    backward: DirectionConfig = _dir("onebit", 1, granularity="per_output_unit", ef_variant="seide")
+
+
+register("compressor", "none", schema=NoneConfig)(Compressor)
+register("compressor", "mbq", schema=MBQConfig)(Compressor)
+register("compressor", "uniform", schema=UniformConfig)(Compressor)
+register("compressor", "fp16", schema=FP16Config)(Compressor)
+register("compressor", "onebit_ef", schema=OneBitEFConfig)(Compressor)
+register("compressor", "minmax_ef", schema=MinMaxEFConfig)(MinMaxEFCompressor)
