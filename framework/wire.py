@@ -186,7 +186,7 @@ def decode(buf, *, copy: bool = True) -> Packet:
         meta_at = r.need(meta_len, "codec metadata")
         (payload_len,) = r.unpack(_U64, "payload length")
         dtype = DTYPES[dtype_id]
-        if payload_len > n_el * _ITEMSIZE[dtype] + MAX_META:  # no codec expands a tensor
+        if payload_len > n_el * 8 + MAX_META:  # no codec spends more than 8 bytes per element
             raise WireError(f"tensor {name!r}: payload of {payload_len} bytes for shape {shape} {dtype}")
         if codec == CODEC_RAW and payload_len != n_el * _ITEMSIZE[dtype]:
             raise WireError(f"tensor {name!r}: payload of {payload_len} bytes for shape {shape} {dtype}")
