@@ -51,7 +51,10 @@ def mlflow_store(mlflow_template, tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def _restore_torch_threads():
+def _isolate_torch_state():
+    """Each test starts from the same global RNG state (its random data must not depend on which
+    tests ran before it) and leaves torch's thread count as it found it."""
     n = torch.get_num_threads()
+    torch.manual_seed(0)
     yield
     torch.set_num_threads(n)
