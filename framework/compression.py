@@ -90,6 +90,7 @@ class _Direction:
         self.decode_s = 0.0
         self.err_sum = 0.0
         self.err_n = 0
+        self.last_error: float | None = None
 
     def bits_at(self, epoch: int) -> int:
         bits = self.base_bits
@@ -103,9 +104,10 @@ class _Direction:
         return self.codec.bits if self.codec is not None else 32
 
     def take_error(self) -> float | None:
+        """Mean relative L2 quantization error since the last call (None if nothing was coded)."""
         if not self.err_n:
             return None
-        e = self.err_sum / self.err_n
+        e = self.last_error = self.err_sum / self.err_n
         self.err_sum, self.err_n = 0.0, 0
         return e
 
@@ -233,4 +235,5 @@ class Compressor:
             out[f"wire_bytes_{d.name}"] = d.wire_bytes
             out[f"encode_s_{d.name}"] = d.encode_s
             out[f"decode_s_{d.name}"] = d.decode_s
+            out[f"rel_err_{d.name}"] = d.last_error if d.err_n == 0 else d.err_sum / d.err_n
         return out
