@@ -79,10 +79,13 @@ class _Direction:
         self.base_bits = int(cfg.bits)
         self.codec = None
         if cfg.codec != "none":
-            bits = self.bits_at(0)
-            self.codec = codec_class(cfg.codec)(bits=bits, **dict(cfg.options or {}))
-            for b in set(self.schedule.values()):  # fail now, not at epoch 130
-                codec_class(cfg.codec)(bits=b, **dict(cfg.options or {}))
+            where = f"compressor.{'forward' if name == 'fwd' else 'backward'}"
+            try:
+                self.codec = codec_class(cfg.codec)(bits=self.bits_at(0), **dict(cfg.options or {}))
+                for b in set(self.schedule.values()):  # fail now, not at epoch 130
+                    codec_class(cfg.codec)(bits=b, **dict(cfg.options or {}))
+            except ConfigError as e:  # the codec names its own key; say which direction
+                raise ConfigError(f"{where}.{e.key.split('.')[-1]}", str(e).split(": ", 1)[-1]) from None
         self.raw_bytes = 0
         self.wire_bytes = 0
         self.messages = 0

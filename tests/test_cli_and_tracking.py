@@ -37,6 +37,8 @@ BAD_INPUTS = [
     (["cluster=uniform", "cluster.num_devices=3", "scheduler.partition=[2,1]"], ["scheduler.partition", "strictly increasing"]),
     (["scheduler.partition=[1,2]"], ["scheduler.partition", "2 cut indices", "give 1"]),
     (["dataset=fashion_mnist", "dataset.root=/nonexistent/fmnist"], ["dataset-fashion-mnist", "dataset.root"]),
+    (["compressor=mbq", "compressor.forward.bits=7"], ["compressor.forward.bits", "1, 2, 3, 4", "7"]),
+    (["compressor=mbq", "compressor.backward.codec=zip"], ["compressor.backward.codec", "zip", "stochastic_uniform"]),
 ]
 
 

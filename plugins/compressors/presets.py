@@ -37,8 +37,9 @@ class MBQConfig(CompressionConfig):
 
 @dataclass
 class UniformConfig(CompressionConfig):
-    """Symmetric uniform quantization (max-abs scale, unbiased stochastic rounding) both ways:
-    AccEPT's 'Uniform Quant.' baseline of Table 4 without its learned scale."""
+    """Symmetric uniform quantization both ways (max-abs scale, unbiased stochastic rounding).
+
+    AccEPT's 'Uniform Quant.' baseline of Table 4 without its learned (LSQ-like) scale."""
 
     name: str = "uniform"
     forward: DirectionConfig = _dir("stochastic_uniform", 2)
@@ -56,8 +57,9 @@ class FP16Config(CompressionConfig):
 
 @dataclass
 class MinMaxEFConfig(CompressionConfig):
-    """Context-aware feature replay: n-bit min-max features up, fp32 gradients down, with the
-    edge-side error-feedback correction of the returned gradient."""
+    """Feature replay: n-bit min-max features up, fp32 gradients down, edge-side error feedback.
+
+    The edge corrects each returned gradient with the quantization error it stored."""
 
     name: str = "minmax_ef"
     forward: DirectionConfig = _dir("minmax", 8)
