@@ -10,7 +10,8 @@ the wire decoder dispatches on the codec id alone, so a receiver needs no sender
 shape before it allocates anything and raises `WireError` on any mismatch.
 
 Codec ids are part of the wire format: never reuse one. Registered ids:
-0 raw (framework.wire), 1 fp16, 2 mbq, 3 mbq_unpacked, 4 stochastic_uniform, 5 minmax, 6 onebit.
+0 raw (framework.wire), 1 fp16, 2 mbq, 3 mbq_unpacked, 4 stochastic_uniform, 5 minmax, 6 onebit,
+7 uniform_lsq.
 """
 
 from __future__ import annotations

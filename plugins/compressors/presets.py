@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from framework.compression import CodecTimeConfig, CompressionConfig, Compressor, DirectionConfig
 from framework.registry import register
 
+from plugins.compressors.lsq import LSQCompressor
 from plugins.compressors.minmax_ef import MinMaxEFCompressor
 
 
@@ -36,14 +37,23 @@ class MBQConfig(CompressionConfig):
 
 
 @dataclass
-class UniformConfig(CompressionConfig):
-    """Symmetric uniform quantization both ways (max-abs scale, unbiased stochastic rounding).
+class UniformStochasticConfig(CompressionConfig):
+    """Symmetric uniform quantization both ways (max-abs scale, unbiased stochastic rounding)."""
 
-    AccEPT's 'Uniform Quant.' baseline of Table 4 without its learned (LSQ-like) scale."""
-
-    name: str = "uniform"
+    name: str = "uniform_stochastic"
     forward: DirectionConfig = _dir("stochastic_uniform", 2)
     backward: DirectionConfig = _dir("stochastic_uniform", 8)
+
+
+@dataclass
+class UniformConfig(CompressionConfig):
+    """Uniform activations with a learned (LSQ) scale, initialised at 0.25: AccEPT's Table 4 baseline."""
+
+    name: str = "uniform"
+    forward: DirectionConfig = _dir("uniform_lsq", 2)
+    backward: DirectionConfig = _dir("stochastic_uniform", 8)
+    init_scale: float = 0.25
+    scale_lr: float = 0.01
 
 
 @dataclass
@@ -78,7 +88,8 @@ class OneBitEFConfig(CompressionConfig):
 
 register("compressor", "none", schema=NoneConfig)(Compressor)
 register("compressor", "mbq", schema=MBQConfig)(Compressor)
-register("compressor", "uniform", schema=UniformConfig)(Compressor)
+register("compressor", "uniform_stochastic", schema=UniformStochasticConfig)(Compressor)
 register("compressor", "fp16", schema=FP16Config)(Compressor)
 register("compressor", "onebit_ef", schema=OneBitEFConfig)(Compressor)
 register("compressor", "minmax_ef", schema=MinMaxEFConfig)(MinMaxEFCompressor)
+register("compressor", "uniform", schema=UniformConfig)(LSQCompressor)
