@@ -88,7 +88,6 @@ class _Direction:
                 raise ConfigError(f"{where}.{e.key.split('.')[-1]}", str(e).split(": ", 1)[-1]) from None
         self.raw_bytes = 0
         self.wire_bytes = 0
-        self.messages = 0
         self.encode_s = 0.0
         self.decode_s = 0.0
         self.err_sum = 0.0
@@ -134,6 +133,7 @@ class Compressor:
         self.seed = 0
         self.epoch = 0
         self._streams: dict = defaultdict(dict)
+        self._kept: dict = {}  # (sender, receiver, iteration, microbatch) -> what remember() kept
 
     # ---- configuration over time ---------------------------------------------------------
 
@@ -167,7 +167,6 @@ class Compressor:
             if d is not None:
                 d.raw_bytes += raw_size
                 d.wire_bytes += raw_size
-                d.messages += 1
             return data, raw_size, raw_size
         stream = self.stream(src, dst, tag)
         out = {}
@@ -187,15 +186,34 @@ class Compressor:
         size = len(data) + missing_payload
         d.raw_bytes += raw_size
         d.wire_bytes += size
-        d.messages += 1
         return data, size, raw_size
 
-    def encode_tensor(self, d: _Direction, t: torch.Tensor, stream: dict, **where) -> Encoded:
-        """One tensor through the direction's codec (subclasses add error feedback here)."""
-        return d.codec.encode(t.detach(), stream)
+    def encode_tensor(self, d: _Direction, t: torch.Tensor, stream: dict, *, src="", dst="", iteration=0, microbatch=0) -> Encoded:
+        """One tensor through the direction's codec. For forward tensors the sender may keep
+        something (`remember`) to correct the gradient that comes back for them (`on_gradient`)."""
+        enc = d.codec.encode(t.detach(), stream)
+        if d is self.directions[self.forward_tag]:
+            kept = self.remember(d, t.detach(), enc, stream)
+            if kept is not None:
+                self._kept[(src, dst, iteration, microbatch)] = kept
+        return enc
 
     def decode(self, data, *, src: str = "", dst: str = "", tag: str = "", copy: bool = True) -> wire.Packet:
-        return wire.decode(data, copy=copy)
+        packet = wire.decode(data, copy=copy)
+        if tag == self.backward_tag and self._kept and not packet.timing_only:
+            # a gradient coming back from `src` for what this process (`dst`) sent it
+            kept = self._kept.pop((dst, src, packet.iteration, packet.microbatch), None)
+            if kept is not None:
+                packet.tensors = {k: self.on_gradient(g, kept) for k, g in packet.tensors.items()}
+        return packet
+
+    def remember(self, d: _Direction, x: torch.Tensor, enc: Encoded, stream: dict):
+        """What the sender keeps of a forward tensor for its returned gradient (None: nothing)."""
+        return None
+
+    def on_gradient(self, g: torch.Tensor, kept) -> torch.Tensor:
+        """The returned gradient, corrected with what `remember` kept."""
+        return g
 
     def codec_seconds(self, kind: str, tag: str, tensors: dict, wall_s: float) -> float:
         """Device seconds to encode (kind='encode') or decode one packet of `tag` holding

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -49,7 +49,6 @@ class Packet:
     microbatch: int = 0
     weight_version: int = 0
     timing_only: bool = False
-    meta: dict[str, bytes] = field(default_factory=dict)
 
 
 _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in DTYPES}

@@ -146,7 +146,7 @@ def test_minmax_error_feedback_corrects_the_returned_gradient(tmp_path):
         mod.minmax_error_feedback = orig
     assert len(calls) == 4 * 4  # every micro-batch's gradient, 4 iterations x 4 micro-batches
     assert all(c > 0 for c in calls)
-    assert not job.compressor._errors  # nothing left behind
+    assert not job.compressor._kept  # nothing left behind
 
 
 # AccEPT's optimiser for its small model (HAR CNN: SGD lr 0.01, momentum 0.9, wd 4e-5), trained
@@ -181,4 +181,4 @@ def test_uniform_learns_its_scale_from_returned_gradients(tmp_path):
     job.run()
     scales = [st["scale"] for (src, dst, tag), st in job.compressor._streams.items() if tag == "act"]
     assert scales and all(s != 0.25 for s in scales)  # moved away from the paper's initial 0.25
-    assert not job.compressor._pending  # every micro-batch's gradient came back
+    assert not job.compressor._kept  # every micro-batch's gradient came back

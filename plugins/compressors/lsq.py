@@ -17,7 +17,6 @@ import torch
 
 from framework.codec import Encoded, register_codec
 from framework.compression import Compressor
-from framework.wire import Packet
 
 from plugins.compressors.accept_codecs import _SU_META, StochasticUniform, _bytes_view, _pack_nibbles, _rel_err, _split_shape
 
@@ -50,30 +49,23 @@ class LSQCompressor(Compressor):
         super().__init__(cfg)
         self.scale_lr = float(cfg.get("scale_lr", 0.01)) if cfg is not None else 0.01
         self.init_scale = float(cfg.get("init_scale", 0.25)) if cfg is not None else 0.25
-        self._pending: dict = {}  # (sender, receiver, iteration, microbatch) -> (x, s, stream, k)
 
-    def encode_tensor(self, d, t, stream, *, src="", dst="", iteration=0, microbatch=0, **where):
+    def encode_tensor(self, d, t, stream, **where):
         stream.setdefault("scale", self.init_scale)
-        enc = super().encode_tensor(d, t, stream)
-        if d is self.directions[self.forward_tag] and isinstance(d.codec, LearnedScaleUniform):
-            self._pending[(src, dst, iteration, microbatch)] = (t.detach(), float(stream["scale"]), stream, d.codec.bits)
-        return enc
+        return super().encode_tensor(d, t, stream, **where)
 
-    def decode(self, data, *, src: str = "", dst: str = "", tag: str = "", copy: bool = True) -> Packet:
-        packet = super().decode(data, src=src, dst=dst, tag=tag, copy=copy)
-        if tag != self.backward_tag or packet.timing_only:
-            return packet
-        pending = self._pending.pop((dst, src, packet.iteration, packet.microbatch), None)
-        if pending is None:
-            return packet
-        x, s, stream, k = pending
+    def remember(self, d, x, enc, stream):
+        if not isinstance(d.codec, LearnedScaleUniform):
+            return None
+        return x, float(stream["scale"]), stream, d.codec.bits
+
+    def on_gradient(self, g, kept):
+        x, s, stream, k = kept
         qn, qp = 1 << (k - 1), (1 << (k - 1)) - 1
-        (name, g), = packet.tensors.items()
         v = x.to(g.dtype) / s
         low, high = v <= -qn, v >= qp
         inside = ~(low | high)
         dxds = torch.where(inside, torch.round(v) - v, torch.where(low, torch.full_like(v, -qn), torch.full_like(v, qp)))
         grad_s = float((g * dxds).sum()) / math.sqrt(v.numel() * qp)
         stream["scale"] = max(1e-8, stream["scale"] - self.scale_lr * grad_s)
-        packet.tensors = {name: g * inside}  # LSQ's straight-through estimator
-        return packet
+        return g * inside  # LSQ's straight-through estimator
