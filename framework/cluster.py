@@ -5,9 +5,10 @@ Devices
 A device turns a piece of work (`Work`: forward/backward/step of a unit range at some batch
 size, or a fixed number of seconds) into seconds, by one of three time models:
 
-- `analytic`: FLOPs / `flops_per_s`, with per-layer-kind factors (`kind_factors`, e.g.
+- `analytic`: `slowdown` x FLOPs / `flops_per_s`, with per-layer-kind factors (`kind_factors`, e.g.
   `{depthwise: 3.0}`) so that FLOPs alone cannot predict the device, as on real hardware.
-  Backward costs `backward_ratio` x forward; the optimizer step `step_flops_per_param`.
+  Backward costs `backward_ratio` x forward; the optimizer step `step_flops_per_param`;
+  every call pays `call_overhead_s` per unit (dispatch), so tiny micro-batches are not free.
   Exact and free: the default for tests and planners.
 - `profile`: per-unit forward/backward/step times measured once on this host at the run's
   batch size (median of repeats), cached on disk, times `slowdown` (and kind factors).
@@ -101,11 +102,11 @@ class Device:
         if cfg.time_model == "analytic":
             if work.kind == "step":
                 params = sum(self.infos[i].params for i in units)
-                return cfg.step_flops_per_param * params / cfg.flops_per_s
+                return cfg.slowdown * (cfg.step_flops_per_param * params / cfg.flops_per_s + cfg.call_overhead_s * len(units))
             flops = sum(self.infos[i].flops * self._unit_factor[i] for i in units) * work.batch
             if work.kind == "bwd":
                 flops *= cfg.backward_ratio
-            return flops / cfg.flops_per_s
+            return cfg.slowdown * (flops / cfg.flops_per_s + cfg.call_overhead_s * len(units))
         if cfg.time_model == "profile":
             table = self.profile[work.kind]
             scale = 1.0 if work.kind == "step" else work.batch / self.profile["batch"]
@@ -214,7 +215,7 @@ class Cluster:
         base_dev = _merge(DeviceConfig, DeviceConfig(), _plain(cfg.device), "cluster.device")
         overrides = _plain(cfg.devices) or {}
         names = [f"dev{i}" for i in range(n)]
-        names += [k for k in overrides if k not in names and not _is_dev_index(k)]
+        names += [k for k in overrides if k not in names and not _is_dev_index(k) and not _is_glob(k)]
         for k in overrides:
             if _is_dev_index(k) and k not in names:
                 raise ConfigError(f"cluster.devices.{k}", f"no such device: the cluster has {n} devices dev0..dev{n - 1}")
@@ -222,7 +223,12 @@ class Cluster:
         self.devices: dict[str, Device] = {}
         profile = None
         for name in names:
-            dcfg = _merge(DeviceConfig, base_dev, overrides.get(name), f"cluster.devices.{name}")
+            over: dict = {}
+            for pattern, values in overrides.items():  # glob patterns first, in order; exact names win
+                if _is_glob(pattern) and fnmatch.fnmatchcase(name, pattern):
+                    over.update(values or {})
+            over.update(overrides.get(name) or {})
+            dcfg = _merge(DeviceConfig, base_dev, over, f"cluster.devices.{name}")
             if dcfg.time_model == "profile" and profile is None:
                 if model is None:
                     raise ValueError("the profile time model needs the model")
@@ -234,7 +240,7 @@ class Cluster:
         for pattern in link_over:
             src, dst = _split_link(pattern)
             for side in (src, dst):
-                if not any(ch in side for ch in "*?[") and side not in self.devices:
+                if not _is_glob(side) and side not in self.devices:
                     raise ConfigError(f"cluster.links.{pattern}", f"device {side!r} does not exist; devices: {', '.join(self.devices)}")
         shared = Channel("medium") if cfg.shared_medium else None
         self.channels = [shared] if shared else []
@@ -269,6 +275,10 @@ class Cluster:
         if src == dst:
             return None
         return self.links[(src, dst)]
+
+
+def _is_glob(name: str) -> bool:
+    return any(ch in name for ch in "*?[")
 
 
 def _is_dev_index(name: str) -> bool:

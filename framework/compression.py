@@ -6,7 +6,7 @@ tag `grad`), each with a bit width that may follow an explicit epoch schedule
 stream per (src, dst, tag)); the compressor hands each its stream and resets streams whose codec
 wants a fresh start at each epoch (MBQ re-initialises at batch 0 of every epoch).
 
-Tensors with other tags travel raw. The base class with both directions off is
+Tensors with other tags, and integer tensors (labels) under any tag, travel raw. The base class with both directions off is
 `compressor=none`.
 
 Codec time: encoding is charged to the sending device and decoding to the receiving one (see
@@ -172,6 +172,11 @@ class Compressor:
         out = {}
         missing_payload = 0
         for name, t in tensors.items():
+            if not t.is_floating_point():  # labels, indices: never quantized
+                out[name] = t
+                if t.device.type == "meta":
+                    missing_payload += t.numel() * t.element_size()
+                continue
             if t.device.type == "meta":  # timing only: sizes, no math
                 meta_n, payload_n = d.codec.wire_size(tuple(t.shape))
                 out[name] = Encoded(d.codec.codec_id, t.dtype, tuple(t.shape), b"\0" * meta_n, None)
@@ -224,7 +229,7 @@ class Compressor:
         if self.time_cfg.model == "measured":
             s = wall_s * self.time_cfg.scale
         else:
-            mb = sum(t.numel() for t in tensors.values()) * 4 / 1e6
+            mb = sum(t.numel() for t in tensors.values() if t.is_floating_point()) * 4 / 1e6
             if kind == "encode":
                 s = self.time_cfg.encode_s_per_MB * mb + self.time_cfg.encode_s
             else:

@@ -33,10 +33,11 @@ class DeviceConfig:
 
     time_model: str = "analytic"  # analytic | profile | measured
     flops_per_s: float = 1.0e9  # analytic: sustained FLOP/s of this device
-    slowdown: float = 1.0  # profile/measured: this device is `slowdown` x slower than the host
+    slowdown: float = 1.0  # every time model: this device is `slowdown` x slower (than its rate, or the host)
     kind_factors: Dict[str, float] = field(default_factory=dict)  # extra factor per layer kind
     backward_ratio: float = 2.0  # analytic: backward FLOPs = ratio x forward FLOPs
     step_flops_per_param: float = 4.0  # analytic: optimizer step cost
+    call_overhead_s: float = 0.0  # analytic: fixed seconds per unit per call (dispatch; x slowdown), so small batches cost more per sample
     memory_bytes: Optional[float] = None  # capacity; null = unbounded
     slots: int = 1  # computations that may run at once (server replicas in parallel)
 
@@ -146,6 +147,22 @@ BASE_SCHEMAS = {
 }
 
 
+def _mul(*xs):
+    out = 1.0
+    for x in xs:
+        out *= float(x)
+    return out
+
+
+def register_resolvers() -> None:
+    """`${mul:2,${cluster.device.slowdown}}`: presets derive one knob from another, so an
+    override of the base knob (say the device slowdown) carries through."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("mul"):
+        OmegaConf.register_new_resolver("mul", _mul)
+
+
 def store_schemas() -> None:
     cs = ConfigStore.instance()
     cs.store(name="pipelab_schema", node=Config)
@@ -153,4 +170,5 @@ def store_schemas() -> None:
         cs.store(group=f"schema/{group}", name="base", node=schema)
 
 
+register_resolvers()
 store_schemas()

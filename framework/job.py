@@ -63,6 +63,8 @@ class Job(RuntimeHooks):
         self.iterations_per_epoch = num_batches(n_train, cfg.train.batch_size)
         if cfg.train.iterations_per_epoch:
             self.iterations_per_epoch = min(self.iterations_per_epoch, int(cfg.train.iterations_per_epoch))
+        # schedulers that draw their own batches (one shard per device) say how many they run
+        self.iterations_per_epoch = getattr(self.scheduler, "iterations_per_epoch", self.iterations_per_epoch)
         self._train = [0.0, 0, 0]  # loss_sum, correct, n since the last iteration mark
         self._epoch_train = [0.0, 0, 0]
         self.history: dict[str, list] = {"val/acc": [], "val/loss": [], "train/loss": [], "time/epoch_virtual_s": []}
@@ -118,6 +120,10 @@ class Job(RuntimeHooks):
         tr.log_metric("time/epoch_virtual_s", epoch_time, epoch)
         tr.log_metric("time/wall_s", time.perf_counter() - self._wall0, epoch)
         self.history["time/epoch_virtual_s"].append(epoch_time)
+        if hasattr(self.scheduler, "epoch_metrics"):  # scheduler-specific per-epoch metrics
+            for k, v in self.scheduler.epoch_metrics(epoch, now - epoch_time, now).items():
+                tr.log_metric(k, v, epoch)
+                self.history.setdefault(k, []).append(v)
         loss_sum, correct, n = self._epoch_train
         self._epoch_train = [0.0, 0, 0]
         if n:
@@ -142,6 +148,8 @@ class Job(RuntimeHooks):
         tr.flush()
 
     def samples_in_epoch(self, epoch: int) -> int:
+        if hasattr(self.scheduler, "samples_per_epoch"):
+            return self.scheduler.samples_per_epoch
         n = len(self.dataset.x_train)
         return min(n, self.iterations_per_epoch * self.cfg.train.batch_size)
 
@@ -266,6 +274,10 @@ class Job(RuntimeHooks):
             "messages_lost": getattr(self.runtime, "messages_lost", 0),
             "mlflow_run_id": self.tracker.run_id,
         }
+        if hasattr(self.scheduler, "report"):  # scheduler-specific summary sections and metrics
+            extra = self.scheduler.report(total)
+            metrics.update(extra.get("metrics", {}))
+            summary.update(extra.get("summary", {}))
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
         tcfg = self.cfg.tracking
         tl.save_chrome_trace(self.out_dir / "timeline.json", tcfg.max_trace_events)

@@ -62,7 +62,7 @@ def test_plugins_flag_lists_registered_names(tmp_path):
         assert name in res.stdout
     res = cli(["--help"], tmp_path)
     assert res.returncode == 0
-    assert "scheduler: 1f1b, gpipe, local, pipedream" in res.stdout
+    assert "scheduler: 1f1b, fl, gpipe, local, pipar, pipedream, sfl, sl" in res.stdout
     assert "schema/" not in res.stdout.split("== Config ==")[0]
 
 

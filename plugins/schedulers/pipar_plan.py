@@ -1,0 +1,238 @@
+"""PiPar's automated (P, N) selection (Zhang et al., PiPar, Section III-C), per device.
+
+Three phases, as in the paper:
+
+1. **Profile** one iteration of the complete model at batch B on the device (units 1..Q') and
+   on the server (units 1..Q): per-unit forward/backward times. On the virtual clock the
+   "measurement" is the framework's predictor (`predictor=oracle` reads the device model, so
+   profiling costs virtual time but no noise).
+2. **Stage times** of one micro-batch (Eq. 5-10): compute scales linearly with the batch, so a
+   micro-batch of B' samples costs t(B) x B'/B (= t(B)/N when N divides B). Transfers are
+   priced with the *real packet* of B' samples (activation, labels and header, after the
+   compressor), which the wire format fixes without measuring; the paper's v/(w N) is the
+   same up to the header.
+3. **Shortlist and choose**: for each P in 1..Q', the closed form N(P) (Eq. 14, with the
+   server forward summed over P+1..Q, the notes' correction), clamped to min(B/2, 100) and
+   snapped to N = B // (B // N) as the authors' code does; the iteration time of each
+   candidate is the longest path through the stage DAG of Table I (with the notes'
+   correction next(f^s_n) = b^s_n), and the candidate with the shortest *epoch*
+   (iteration x floor(|D_k| / (B' N))) wins.
+
+`dag_makespan(..., estimator="code_legacy")` is the authors' code's DAG (d_n after b^s_{n-1},
+no f^c_N -> b^c_1 edge), kept for comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+ESTIMATORS = ("table1", "code_legacy")
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds of one micro-batch's stages (Table I): device forward/backward (fc, bc), server
+    forward/backward (fs, bs), upload/download serialisation (u, d); plus one-way latencies and
+    the two optimizer steps that close an iteration."""
+
+    fc: float
+    bc: float
+    fs: float
+    bs: float
+    u: float
+    d: float
+    lat_u: float = 0.0
+    lat_d: float = 0.0
+    step_c: float = 0.0
+    step_s: float = 0.0
+
+    def total(self) -> float:
+        """The six stage times (+ latencies): one micro-batch with no overlap at all."""
+        return self.fc + self.u + self.lat_u + self.fs + self.bs + self.d + self.lat_d + self.bc
+
+
+def table1_dag(n_mb: int, estimator: str = "table1") -> tuple[list[tuple[str, int]], dict]:
+    """The stage DAG of one iteration with N micro-batches: (topological order, prev sets).
+
+    Stages are (kind, n) with kind in fc, u, fs, bs, d, bc. Table I (corrected):
+    f^c_n <- f^c_{n-1};  u_n <- u_{n-1}, f^c_n;  f^s_n <- u_n, b^s_{n-1};  b^s_n <- f^s_n;
+    d_n <- d_{n-1}, b^s_n;  b^c_1 <- f^c_N, d_1;  b^c_n <- b^c_{n-1}, d_n."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; choices: {', '.join(ESTIMATORS)}")
+    prev: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    order = []
+    for n in range(n_mb):
+        prev[("fc", n)] = [("fc", n - 1)] if n else []
+        prev[("u", n)] = ([("u", n - 1)] if n else []) + [("fc", n)]
+        prev[("fs", n)] = [("u", n)] + ([("bs", n - 1)] if n else [])
+        prev[("bs", n)] = [("fs", n)]
+        if estimator == "table1":
+            prev[("d", n)] = ([("d", n - 1)] if n else []) + [("bs", n)]
+        else:  # the authors' code: d_n waits for b^s_{n-1}, not for d_{n-1}
+            prev[("d", n)] = ([("bs", n - 1)] if n else []) + [("bs", n)]
+        order += [("fc", n), ("u", n), ("fs", n), ("bs", n), ("d", n)]
+    for n in range(n_mb):
+        if n == 0:
+            prev[("bc", 0)] = ([("fc", n_mb - 1)] if estimator == "table1" else []) + [("d", 0)]
+        else:
+            prev[("bc", n)] = [("bc", n - 1), ("d", n)]
+        order.append(("bc", n))
+    return order, prev
+
+
+def dag_finish_times(t: StageTimes, n_mb: int, estimator: str = "table1") -> dict:
+    """T(r) of Eq. 11-13: each stage's finish time from the iteration's start (longest path,
+    in topological order). A transfer's successor starts `latency` after the channel frees."""
+    order, prev = table1_dag(n_mb, estimator)
+    dur = {"fc": t.fc, "u": t.u, "fs": t.fs, "bs": t.bs, "d": t.d, "bc": t.bc}
+    lat = {"u": t.lat_u, "d": t.lat_d}
+    finish: dict = {}
+    for r in order:
+        start = 0.0
+        for p in prev[r]:
+            ready = finish[p] + (lat.get(p[0], 0.0) if p[0] != r[0] else 0.0)  # FIFO channel: no latency
+            start = max(start, ready)
+        finish[r] = start + dur[r[0]]
+    return finish
+
+
+def dag_makespan(t: StageTimes, n_mb: int, estimator: str = "table1") -> float:
+    """The estimated iteration time: T(b^c_N) (Eq. 11) plus the device's optimizer step, or the
+    server's step after b^s_N if that ends later."""
+    fin = dag_finish_times(t, n_mb, estimator)
+    return max(fin[("bc", n_mb - 1)] + t.step_c, fin[("bs", n_mb - 1)] + t.step_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# profiles and the closed form
+
+
+@dataclass
+class SideProfile:
+    """One side's profile at batch B: per-unit forward, backward and optimizer-step seconds."""
+
+    batch: int
+    fwd: list[float]
+    bwd: list[float]
+    step: list[float]
+
+    def span(self, kind: str, a: int, b: int, batch: int | None = None) -> float:
+        seconds = sum(getattr(self, kind)[a:b])
+        return seconds if kind == "step" or batch is None else seconds * batch / self.batch
+
+    def iteration_s(self, units: int) -> float:
+        """What profiling costs: one iteration of units [0, units) at batch B."""
+        return sum(self.fwd[:units]) + sum(self.bwd[:units]) + sum(self.step[:units])
+
+
+def profile_side(predictor, device, num_units: int, batch: int) -> SideProfile:
+    from framework.cluster import Work
+
+    fwd = [predictor.predict(device, Work("fwd", q, q + 1, batch)) for q in range(num_units)]
+    bwd = [predictor.predict(device, Work("bwd", q, q + 1, batch)) for q in range(num_units)]
+    step = [predictor.predict(device, Work("step", q, q + 1)) for q in range(num_units)]
+    return SideProfile(batch, fwd, bwd, step)
+
+
+def closed_form_n(t_full: StageTimes) -> int:
+    """Eq. 14 (corrected): enough micro-batches that the device's forwards fill its idle gap
+    u + f^s + b^s + d, all at the full batch B."""
+    gap = t_full.u + t_full.lat_u + t_full.fs + t_full.bs + t_full.d + t_full.lat_d
+    denom = min(t_full.fc, t_full.bc)
+    if denom <= 0:
+        return 1
+    return 1 + max(0, math.ceil(gap / denom - 1e-12))
+
+
+def clamp_n(n: int, batch: int, clamp: bool) -> int:
+    """The authors' clamps: N <= min(B/2, 100), then N = B // (B // N) so that B' = B // N is
+    an integer and N micro-batches of B' use as much of B as possible."""
+    n = max(1, min(int(n), batch))
+    if clamp:
+        n = max(1, min(n, batch // 2 if batch >= 2 else 1, 100))
+        n = batch // (batch // n)
+    return n
+
+
+@dataclass(frozen=True)
+class Candidate:
+    P: int
+    N: int
+    micro_batch: int
+    iterations: int
+    iter_s: float
+    epoch_s: float
+    times: StageTimes
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["times"] = asdict(self.times)
+        return d
+
+
+class PairModel:
+    """Stage times of one device-server pair from the two profiles, the links and the wire.
+
+    `packet_bytes(tag, P, b)` gives the bytes on the link of one micro-batch of b samples cut
+    after unit P (tag `act` up, `grad` down); `codec_s(kind, tag, P, b)` the codec seconds."""
+
+    def __init__(self, dev: SideProfile, srv: SideProfile, num_units: int, up_bps: float, down_bps: float, lat_up: float, lat_down: float, packet_bytes, codec_s=None):
+        self.dev, self.srv, self.Q = dev, srv, num_units
+        self.up_bps, self.down_bps = up_bps, down_bps
+        self.lat_up, self.lat_down = lat_up, lat_down
+        self.packet_bytes = packet_bytes
+        self.codec_s = codec_s or (lambda kind, tag, P, b: 0.0)
+
+    def _tx(self, nbytes: int, bps: float) -> float:
+        return 0.0 if math.isinf(bps) else 8.0 * nbytes / bps
+
+    def stage_times(self, P: int, b: int) -> StageTimes:
+        """One micro-batch of b samples split after unit P (1 <= P < Q)."""
+        Q, cs = self.Q, self.codec_s
+        return StageTimes(
+            fc=self.dev.span("fwd", 0, P, b) + cs("encode", "act", P, b),
+            bc=self.dev.span("bwd", 0, P, b) + cs("decode", "grad", P, b),
+            fs=cs("decode", "act", P, b) + self.srv.span("fwd", P, Q, b),
+            bs=self.srv.span("bwd", P, Q, b) + cs("encode", "grad", P, b),
+            u=self._tx(self.packet_bytes("act", P, b), self.up_bps),
+            d=self._tx(self.packet_bytes("grad", P, b), self.down_bps),
+            lat_u=self.lat_up,
+            lat_d=self.lat_down,
+            step_c=self.dev.span("step", 0, P),
+            step_s=self.srv.span("step", P, Q),
+        )
+
+    def local_iteration_s(self, b: int) -> float:
+        """P = Q (FL): the whole model on the device, no transfers."""
+        return self.dev.span("fwd", 0, self.Q, b) + self.dev.span("bwd", 0, self.Q, b) + self.dev.span("step", 0, self.Q)
+
+
+def candidate(pair: PairModel, P: int, N: int, batch: int, n_samples: int, estimator: str = "table1") -> Candidate:
+    b = max(1, batch // N)
+    iters = max(1, n_samples // (b * N))
+    if P >= pair.Q:
+        t = StageTimes(0, 0, 0, 0, 0, 0)
+        it_s = pair.local_iteration_s(b)
+    else:
+        t = pair.stage_times(P, b)
+        it_s = dag_makespan(t, N, estimator)
+    return Candidate(P, N, b, iters, it_s, it_s * iters, t)
+
+
+def select_auto(pair: PairModel, batch: int, n_samples: int, p_range, *, fixed_n: int | None = None, clamp: bool = True, estimator: str = "table1") -> tuple[Candidate, list[Candidate]]:
+    """The paper's selection: one candidate (P, N(P)) per P, the shortest estimated epoch wins.
+    `fixed_n` pins N (SFL: N = 1). Returns (choice, shortlist)."""
+    shortlist = []
+    for P in p_range:
+        if fixed_n is not None:
+            N = fixed_n
+        elif P >= pair.Q:
+            N = 1
+        else:
+            N = clamp_n(closed_form_n(pair.stage_times(P, batch)), batch, clamp)
+        shortlist.append(candidate(pair, P, N, batch, n_samples, estimator))
+    if not shortlist:
+        raise ValueError("no split point to choose from")
+    best = min(shortlist, key=lambda c: (c.epoch_s, c.P, c.N))
+    return best, shortlist
