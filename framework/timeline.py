@@ -122,7 +122,7 @@ class Timeline:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        ivs = [iv for iv in self.intervals if iv.iteration < iterations] or self.intervals[:2000]
+        ivs = [iv for iv in self.intervals if 0 <= iv.iteration < iterations] or self.intervals[:2000]
         rows = self.roles + [l for l in self.links if any(iv.resource == l for iv in ivs)]
         colors = {"fwd": "#4C72B0", "bwd": "#DD8452", "step": "#55A868", "encode": "#CCB974", "decode": "#64B5CD", "send": "#8172B3", "lost": "#C44E52"}
         fig, ax = plt.subplots(figsize=(11, 0.45 * len(rows) + 1.4))

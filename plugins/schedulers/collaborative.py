@@ -227,6 +227,7 @@ class Collaborative:
         self.server_roles = self._server_roles()
         self._it = 0  # device iterations done, all devices (metric steps)
         self._dev_it = [0] * self.K  # per device (timeline labels)
+        self._srv_it = [0] * self.K  # iterations served per device (the server runs ahead of the device's count)
         self.reselections: list[dict] = []
         self._bw_at_plan = [self._bandwidths(k, 0.0) for k in range(self.K)]
         self.iterations_per_epoch = sum(self._num_iterations(k) for k in range(self.K))
@@ -480,7 +481,7 @@ class Collaborative:
             # noise generation costs about one pass over the parameters: priced as an optimizer step
             flat = await ctx.compute(Work("dp_noise", seconds=self.job.cluster.device(self.devices[k]).time(Work("step", 0, P))), self._dp_noise, flat, k)
         flat["n"] = torch.tensor([float(n_samples)], dtype=torch.float64)
-        ctx.send("fed", "model", flat)
+        ctx.send("fed", "model", flat, iteration=self._dev_it[k])  # labelled after the device's last iteration
 
     def _dp_noise(self, flat: dict, k: int) -> dict:
         """Classic DP on the uploaded device model (the notes' decision 15): clip the parameter
@@ -528,7 +529,8 @@ class Collaborative:
 
     async def _serve_iteration(self, ctx, k: int) -> None:
         p = self.plans[k]
-        await serve_iteration(ctx, self.srv_stage[k], f"dev{k}", p.N, 1.0 / (p.N * p.micro_batch), self._dev_it[k], self.numerics)
+        await serve_iteration(ctx, self.srv_stage[k], f"dev{k}", p.N, 1.0 / (p.N * p.micro_batch), self._srv_it[k], self.numerics)
+        self._srv_it[k] += 1
 
     # ---- FedAvg -------------------------------------------------------------------------------
 
@@ -559,7 +561,7 @@ class Collaborative:
         for k in range(self.K):
             P = self.plans[k].P
             flag = torch.tensor([1.0 if k in reselect else 0.0])
-            ctx.send(f"dev{k}", "global", {**self.layout.flat(self.global_model, 0, P, self.dtype, self.numerics), "reselect": flag})
+            ctx.send(f"dev{k}", "global", {**self.layout.flat(self.global_model, 0, P, self.dtype, self.numerics), "reselect": flag}, iteration=self._dev_it[k])
             if self.srv_stage[k] is not None:
                 ctx.send(self.server_role_of(k), "global", {**self.layout.flat(self.global_model, P, self.Q, self.dtype, self.numerics), "reselect": flag})
 
@@ -609,7 +611,7 @@ class Collaborative:
         if self.cfg.reselect_mode == "full_profile":
             qmax = max(self.p_range())
             await ctx.compute(Work("profile", seconds=self.pair_model(k, ctx.now).dev.iteration_s(qmax)), iteration=self._it)
-            ctx.send(self.server_role_of(k), "profile", torch.zeros(3 * self.Q, dtype=torch.float64))
+            ctx.send(self.server_role_of(k), "profile", torch.zeros(3 * self.Q, dtype=torch.float64), iteration=self._dev_it[k])
         await ctx.recv(self.server_role_of(k), "plan")  # the plan is shared state here; the message carries its bytes and timing
 
     async def _server_reselect(self, ctx, k: int) -> None:
@@ -623,7 +625,7 @@ class Collaborative:
             if new.P != old.P:
                 self._build_stages(k)  # the complete model is whole here: only the cut moves
         self.reselections.append({"device": k, "time_s": ctx.now, "old": [old.P, old.N], "new": [new.P, new.N], "bandwidth_bps": list(self._bw_at_plan[k])})
-        ctx.send(f"dev{k}", "plan", torch.tensor([new.P, new.N], dtype=torch.int64))
+        ctx.send(f"dev{k}", "plan", torch.tensor([new.P, new.N], dtype=torch.int64), iteration=self._dev_it[k])
 
     # ---- what the job asks of a scheduler ----------------------------------------------------
 
@@ -815,7 +817,7 @@ class SL(Collaborative):
                     self._dev_it[k] += 1
                     self._it += 1
                     ctx.iteration_done(epoch, self._it, sum(len(y) for y in ys))
-                ctx.send("server", "handoff", self.layout.flat(self.models[k], 0, P, self.dtype, self.numerics))
+                ctx.send("server", "handoff", self.layout.flat(self.models[k], 0, P, self.dtype, self.numerics), iteration=self._dev_it[k])
                 await ctx.end_epoch(epoch)
 
         return program
@@ -829,7 +831,7 @@ class SL(Collaborative):
             for epoch in range(job.cfg.train.epochs):
                 for k in range(self.K):
                     if latest is not None:
-                        ctx.send(f"dev{k}", "turn", latest)
+                        ctx.send(f"dev{k}", "turn", latest, iteration=self._dev_it[k])
                     for _ in range(self._num_iterations(k)):
                         await self._serve_iteration(ctx, k)
                     latest = await ctx.recv(f"dev{k}", "handoff")
