@@ -186,6 +186,13 @@ def plots(results: dict, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     made = []
+
+    def save(fig, name: str) -> str:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        return name
+
     if "speed" in results:
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
         for ax, key, title in zip(axes, ("epoch_s", "server_idle_s", "device_idle_s"), ("time per epoch (s)", "server idle per epoch (s)", "mean device idle per epoch (s)")):
@@ -195,10 +202,7 @@ def plots(results: dict, out: Path) -> list[str]:
             ax.set_xticks([x + 0.27 for x in range(3)], [NET_LABEL[n] for n in NETS])
             ax.set_title(f"VGG-5, CIFAR-shaped: {title}", fontsize=9)
         axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "speed.png", dpi=110)
-        plt.close(fig)
-        made.append("speed.png")
+        made.append(save(fig, "speed.png"))
     if "selection" in results:
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
         for ax, (model, ds) in zip(axes, (("vgg5", "mnist"), ("vgg5", "cifar10"), ("mobilenetv3_small", "cifar10"))):
@@ -212,10 +216,7 @@ def plots(results: dict, out: Path) -> list[str]:
             ax.set_title(f"{model}, {ds}: epoch time vs N at P_opt (o auto, * opt)", fontsize=8)
             ax.set_xlabel("N")
         axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "selection.png", dpi=110)
-        plt.close(fig)
-        made.append("selection.png")
+        made.append(save(fig, "selection.png"))
     if "accuracy" in results:
         dss = sorted({k.split("|")[0] for k in results["accuracy"]})
         fig, axes = plt.subplots(1, len(dss), figsize=(5 * len(dss), 3.4), squeeze=False)
@@ -226,10 +227,7 @@ def plots(results: dict, out: Path) -> list[str]:
             ax.set_title(f"{ds}: validation loss", fontsize=9)
             ax.set_xlabel("epoch")
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "accuracy.png", dpi=110)
-        plt.close(fig)
-        made.append("accuracy.png")
+        made.append(save(fig, "accuracy.png"))
     return made
 
 
