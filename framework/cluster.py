@@ -10,8 +10,11 @@ size, or a fixed number of seconds) into seconds, by one of three time models:
   Backward costs `backward_ratio` x forward; the optimizer step `step_flops_per_param`;
   every call pays `call_overhead_s` per unit (dispatch), so tiny micro-batches are not free.
   Exact and free: the default for tests and planners.
-- `profile`: per-unit forward/backward/step times measured once on this host at the run's
-  batch size (median of repeats), cached on disk, times `slowdown` (and kind factors).
+- `profile`: per-unit forward/backward/step times measured once on this host (median of
+  repeats) at batch sizes 1, 2, 4, ... up to the run's batch size, cached on disk, times
+  `slowdown` (and kind factors). Times between sampled sizes are interpolated linearly, so a
+  micro-batch of 1 costs what it really costs on this host, not 1/B of a batch of B (small
+  batches use the processor poorly; pipeline schedules and planners must see that).
   Deterministic once cached.
 - `measured`: the wall time of the real call times `slowdown`. Not deterministic.
 
@@ -28,6 +31,7 @@ blocking, as TCP); an unreliable send just never arrives.
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import hashlib
 import json
@@ -65,7 +69,7 @@ class Device:
         self.name = name
         self.cfg = cfg
         self.infos = infos or []
-        self.profile = profile  # {"fwd": [...], "bwd": [...], "step": [...], "batch": B} host seconds
+        self.profile = profile  # host seconds: {"batches": [b...], "fwd"/"bwd": [[t(b)...] per unit], "step": [...]}
         if cfg.time_model not in TIME_MODELS:
             raise ConfigError(f"cluster.devices.{name}.time_model", f"{cfg.time_model!r} is not a time model; choices: {', '.join(TIME_MODELS)}")
         if cfg.time_model == "profile" and profile is None:
@@ -108,9 +112,10 @@ class Device:
                 flops *= cfg.backward_ratio
             return cfg.slowdown * (flops / cfg.flops_per_s + cfg.call_overhead_s * len(units))
         if cfg.time_model == "profile":
-            table = self.profile[work.kind]
-            scale = 1.0 if work.kind == "step" else work.batch / self.profile["batch"]
-            return cfg.slowdown * scale * sum(table[i] * self._unit_factor[i] for i in units)
+            if work.kind == "step":
+                return cfg.slowdown * sum(self.profile["step"][i] * self._unit_factor[i] for i in units)
+            table, batches = self.profile[work.kind], self.profile["batches"]
+            return cfg.slowdown * sum(curve_time(table[i], batches, work.batch) * self._unit_factor[i] for i in units)
         raise ValueError(f"device {self.name}: no model time for time model {cfg.time_model!r}")
 
 
@@ -300,13 +305,42 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("PIPELAB_CACHE", Path.home() / ".cache" / "pipelab")) / "profiles"
 
 
-def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5) -> dict:
-    """Per-unit forward/backward/step seconds of `model` on this host at `batch_size`, cached."""
+def profile_batches(batch_size: int) -> list[int]:
+    """The batch sizes a host profile samples: powers of two below `batch_size`, and it."""
+    out, b = [], 1
+    while b < batch_size:
+        out.append(b)
+        b *= 2
+    return out + [batch_size]
+
+
+def curve_time(times: list[float], batches: list[int], batch: int) -> float:
+    """One unit's seconds at `batch`, from its times at the sampled `batches` (ascending):
+    linear between samples, proportional beyond the largest (throughput has saturated there)."""
+    if batch >= batches[-1]:
+        return times[-1] * batch / batches[-1]
+    k = bisect.bisect_left(batches, batch)
+    if k == 0:
+        return times[0] * batch / batches[0]
+    b0, b1 = batches[k - 1], batches[k]
+    return times[k - 1] + (times[k] - times[k - 1]) * (batch - b0) / (b1 - b0)
+
+
+def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, min_s: float = 0.02) -> dict:
+    """Per-unit forward/backward seconds of `model` on this host at `profile_batches(batch_size)`
+    and optimizer-step seconds, cached on disk.
+
+    Each time is the median of at least `repeats` calls after one warm-up, more for short calls
+    (until `min_s` of measuring), because microsecond calls are noisy. Along the batch sizes each
+    unit's time is made non-decreasing (a running maximum): more samples never take less time,
+    and a noisy inversion would otherwise reward splitting a batch for nothing."""
+    batches = profile_batches(batch_size)
     key = json.dumps(
         {
+            "version": 2,  # 2: batch-size curves
             "model": model.name,
             "units": [(i.name, i.in_shape, i.out_shape, i.params, round(i.flops)) for i in model.infos],
-            "batch": batch_size,
+            "batches": batches,
             "dtype": str(dtype),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
@@ -323,24 +357,37 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5) 
 
     rng_state = torch.get_rng_state()
     units = [copy.deepcopy(u).to(dtype) for u in model.units]
-    x = torch.randn((batch_size, *model.input_shape), dtype=dtype)
-    fwd, bwd, step = [], [], []
     for u in units:
         u.train()
-        xin = x.detach().requires_grad_(True)
-        tf, tb = [], []
-        for r in range(repeats + 1):
-            t0 = time.perf_counter()
-            y = u(xin)
-            t1 = time.perf_counter()
-            g = torch.ones_like(y)
-            t2 = time.perf_counter()
-            y.backward(g)
-            t3 = time.perf_counter()
-            if r:  # the first round warms up
-                tf.append(t1 - t0)
-                tb.append(t3 - t2)
-        params = [p for p in u.parameters()]
+    fwd = [[0.0] * len(batches) for _ in units]
+    bwd = [[0.0] * len(batches) for _ in units]
+    for col, b in enumerate(batches):
+        x = torch.randn((b, *model.input_shape), dtype=dtype)
+        for row, u in enumerate(units):
+            xin = x.detach().requires_grad_(True)
+            tf, tb = [], []
+            r = 0
+            while r <= repeats or (sum(tf) + sum(tb) < min_s and r <= 50 * repeats):
+                t0 = time.perf_counter()
+                y = u(xin)
+                t1 = time.perf_counter()
+                g = torch.ones_like(y)
+                t2 = time.perf_counter()
+                y.backward(g)
+                t3 = time.perf_counter()
+                if r:  # the first round warms up
+                    tf.append(t1 - t0)
+                    tb.append(t3 - t2)
+                r += 1
+            fwd[row][col], bwd[row][col] = _median(tf), _median(tb)
+            x = y.detach()
+    for table in (fwd, bwd):
+        for row in table:
+            for col in range(1, len(row)):
+                row[col] = max(row[col], row[col - 1])
+    step = []
+    for u in units:
+        params = [p for p in u.parameters() if p.grad is not None]
         ts = []
         if params:
             opt = torch.optim.SGD(params, lr=1e-6, momentum=0.9)
@@ -349,12 +396,9 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5) 
                 opt.step()
                 if r:
                     ts.append(time.perf_counter() - t0)
-        fwd.append(_median(tf))
-        bwd.append(_median(tb))
         step.append(_median(ts) if ts else 0.0)
-        x = y.detach()
     torch.set_rng_state(rng_state)
-    prof = {"batch": batch_size, "fwd": fwd, "bwd": bwd, "step": step}
+    prof = {"batches": batches, "fwd": fwd, "bwd": bwd, "step": step}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -171,10 +171,24 @@ def test_profile_time_model_is_cached_and_deterministic(tmp_path, monkeypatch):
     m = _tiny_model()
     p1 = host_profile(m, 8)
     p2 = host_profile(m, 8)
-    assert p1 == p2 and all(t > 0 for t in p1["fwd"] + p1["bwd"])
+    assert p1 == p2 and p1["batches"] == [1, 2, 4, 8]
+    for table in (p1["fwd"], p1["bwd"]):
+        for row in table:  # one time per sampled batch size, never decreasing with it
+            assert all(t > 0 for t in row) and row == sorted(row)
     cfg = OmegaConf.merge(OmegaConf.structured(ClusterConfig(name="t")), {"num_devices": 1, "device": {"time_model": "profile", "slowdown": 3.0}})
     dev = Cluster(cfg, m, batch_size=8).device("dev0")
-    assert dev.time(Work("fwd", 0, 2, 4)) == pytest.approx(3.0 * 0.5 * (p1["fwd"][0] + p1["fwd"][1]))
+    assert dev.time(Work("fwd", 0, 2, 4)) == pytest.approx(3.0 * (p1["fwd"][0][2] + p1["fwd"][1][2]))
+    f = p1["bwd"][0]  # between samples: linear; beyond the largest: proportional
+    assert dev.time(Work("bwd", 0, 1, 3)) == pytest.approx(3.0 * (f[1] + f[2]) / 2)
+    assert dev.time(Work("bwd", 0, 1, 16)) == pytest.approx(3.0 * 2 * f[3])
+
+
+def test_curve_time_interpolates_sampled_batch_sizes():
+    from framework.cluster import curve_time, profile_batches
+
+    assert profile_batches(100) == [1, 2, 4, 8, 16, 32, 64, 100] and profile_batches(1) == [1]
+    times, batches = [1.0, 1.5, 2.0, 4.0], [1, 2, 4, 8]
+    assert [curve_time(times, batches, b) for b in (1, 2, 3, 6, 8, 16)] == [1.0, 1.5, 1.75, 3.0, 4.0, 8.0]
 
 
 # ---- wire ----------------------------------------------------------------------------------
