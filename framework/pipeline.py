@@ -152,6 +152,13 @@ class PipelineScheduler:
             "weight_stashing": self.stash,
         }
 
+    def role_state(self, role: str) -> dict:
+        """The weights (and buffers) a role owns: what real runtimes ship between processes."""
+        return {k: v.detach().clone() for k, v in self.stages[self.roles_.index(role)].module.state_dict().items()}
+
+    def load_role_state(self, role: str, state: dict) -> None:
+        self.stages[self.roles_.index(role)].module.load_state_dict(state)
+
     def eval_model(self) -> nn.Module:
         return nn.Sequential(*[st.module for st in self.stages])
 

@@ -115,3 +115,26 @@ class Mailboxes:
         self.error = error
         for q in self._boxes.values():
             q.put_nowait(error)
+
+
+class Network(ABC):
+    """What a network transport plugin builds from its config: the run's shared medium.
+
+    The coordinator calls `open()` (e.g. start a private broker), gives every role process
+    `worker_args()` (the overrides that reach the same network), makes its own `endpoint()`,
+    and calls `close()` after the run."""
+
+    @abstractmethod
+    def open(self) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def endpoint(self) -> Transport: ...
+
+    @abstractmethod
+    def worker_args(self) -> list[str]: ...
+
+    def describe(self) -> str:
+        return type(self).__name__

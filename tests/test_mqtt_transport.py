@@ -192,7 +192,7 @@ def test_a_64_mib_tensor_crosses_intact_with_bounded_memory(broker, tmp_path):
         async def main():
             t = MqttTransport(cfg, addr)
             await t.start("big", "tx")
-            await t.recv("rx", "ready", timeout=60)
+            await t.recv("rx", "ready", timeout=300)
             x = torch.Generator().manual_seed(7)
             base = rss_mib()
             data = wire.encode({"x": torch.randn(N, generator=x)})
@@ -210,7 +210,7 @@ def test_a_64_mib_tensor_crosses_intact_with_bounded_memory(broker, tmp_path):
             expect = torch.randn(N, generator=torch.Generator().manual_seed(7))
             base = rss_mib()
             await t.send("tx", "ready", b"1")
-            buf = await t.recv("tx", "act", timeout=120)
+            buf = await t.recv("tx", "act", timeout=300)
             got = wire.decode(buf, copy=False).tensors["x"]
             print(json.dumps({"over": peak_mib() - base, "equal": bool(torch.equal(got, expect)), "chunks_dropped": t.stats["dropped"]}))
             await t.close()
@@ -218,8 +218,8 @@ def test_a_64_mib_tensor_crosses_intact_with_bounded_memory(broker, tmp_path):
     """)
     rx = subprocess.Popen([sys.executable, "-c", receiver], stdout=subprocess.PIPE, text=True)
     tx = subprocess.Popen([sys.executable, "-c", sender], stdout=subprocess.PIPE, text=True)
-    out_tx, _ = tx.communicate(timeout=180)
-    out_rx, _ = rx.communicate(timeout=180)
+    out_tx, _ = tx.communicate(timeout=400)
+    out_rx, _ = rx.communicate(timeout=400)
     assert tx.returncode == 0 and rx.returncode == 0
     r, s = json.loads(out_rx.strip().splitlines()[-1]), json.loads(out_tx.strip().splitlines()[-1])
     assert r["equal"] and r["chunks_dropped"] == 0

@@ -1,9 +1,10 @@
-"""Runtimes run role programs: `sim` on a virtual clock (later: real processes)."""
+"""Runtimes run role programs: `sim` on a virtual clock, `local`/`remote` as real processes."""
 
 from dataclasses import dataclass
 
 from framework.config import RuntimeConfig, TransportConfig
 from framework.registry import register
+from framework.runtime.local import LocalConfig, LocalRuntime, RemoteConfig, RemoteRuntime
 from framework.runtime.sim import SimRuntime
 
 
@@ -13,6 +14,8 @@ class SimConfig(RuntimeConfig):
 
 
 register("runtime", "sim", schema=SimConfig)(SimRuntime)
+register("runtime", "local", schema=LocalConfig)(LocalRuntime)
+register("runtime", "remote", schema=RemoteConfig)(RemoteRuntime)
 
 
 @register("transport", "inproc", schema=TransportConfig)

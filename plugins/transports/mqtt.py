@@ -43,7 +43,7 @@ from aiomqtt.exceptions import MqttConnectError
 from framework.config import TransportConfig
 from framework.errors import ConfigError
 from framework.registry import register
-from framework.transport import Mailboxes, Transport, TransportError, check_name
+from framework.transport import Mailboxes, Network, Transport, TransportError, check_name
 
 MAGIC = b"PLMQ"
 VERSION = 1
@@ -403,15 +403,55 @@ class MqttTransport(Transport):
 
     async def _forget_session(self) -> None:
         """Connect once with a clean session, so the broker drops what it kept for this role."""
-        try:
+        async def goodbye():
             client = self._make_client(clean=True)
             client._client.will_clear()  # a clean goodbye: no last will
             async with client:
                 pass
-        except Exception:
-            pass
+
+        try:
+            await asyncio.wait_for(goodbye(), 3.0)
+        except (Exception, asyncio.CancelledError):
+            pass  # the broker expires the session anyway; never fail a finished run for it
+
+
+class MqttNetwork(Network):
+    """The broker a run's roles meet at: a private mosquitto (spawn=auto/always) or a given one."""
+
+    def __init__(self, cfg):
+        validate_config(cfg)
+        self.cfg = cfg
+        self.address = None
+        self.broker = None
+
+    def open(self) -> None:
+        from plugins.transports.broker import resolve
+
+        self.address, self.broker = resolve(self.cfg.broker)
+
+    def close(self) -> None:
+        b, self.broker = self.broker, None
+        if b is not None:
+            b.close()
+
+    def endpoint(self) -> MqttTransport:
+        return MqttTransport(self.cfg, self.address)
+
+    def worker_args(self) -> list[str]:
+        from omegaconf import OmegaConf
+
+        a = self.address or self.cfg.broker
+        out = ["transport=mqtt"]
+        for k, v in OmegaConf.to_container(self.cfg, resolve=True).items():
+            if k not in ("name", "broker") and v is not None:
+                out.append(f"transport.{k}={v}")
+        return out + [f"transport.broker.host={a.host}", f"transport.broker.port={a.port}", "transport.broker.spawn=never"]
+
+    def describe(self) -> str:
+        a = self.address or self.cfg.broker
+        return f"MQTT broker {a.host}:{a.port}" + (" (private mosquitto)" if self.broker else "")
 
 
 @register("transport", "mqtt", schema=MqttConfig)
-def build_mqtt(cfg, address=None) -> MqttTransport:
-    return MqttTransport(cfg, address)
+def build_mqtt(cfg) -> MqttNetwork:
+    return MqttNetwork(cfg)

@@ -1,0 +1,78 @@
+"""`python -m framework.worker role=<name> [overrides]`: run one role of a run elsewhere.
+
+    python -m framework.worker role=stage1 runtime.run_id=r1a2b3 \\
+        transport.broker.host=192.168.1.10 transport.broker.port=1883
+
+The role joins the run through the broker, receives the run's config, plan check and initial
+weights from the coordinator (`python -m framework runtime=remote ...`), runs its program and
+reports back. Only transport settings and the run id are needed here; everything else comes
+from the coordinator. `runtime=local` starts these processes itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+
+
+def parse(argv: list[str]) -> tuple[str, list[str]]:
+    role, rest = None, []
+    for a in argv:
+        if a.startswith("role="):
+            role = a.split("=", 1)[1]
+        elif a in ("-h", "--help"):
+            print(__doc__)
+            sys.exit(0)
+        else:
+            rest.append(a)
+    if not role:
+        print("error: role=<name> is required (the coordinator prints each role's command)", file=sys.stderr)
+        sys.exit(2)
+    return role, rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    from framework import registry
+    from framework.cli import CONF_DIR
+    from framework.errors import PipelabError
+    from framework.runtime.local import run_role
+
+    role, overrides = parse(sys.argv[1:] if argv is None else argv)
+    registry.load_plugins()
+    if not any(o.startswith("transport=") for o in overrides):
+        overrides = ["transport=mqtt", *overrides]
+    if not any(o.startswith("runtime=") for o in overrides):
+        overrides = ["runtime=remote", *overrides]
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+        if not cfg.runtime.get("run_id"):
+            raise PipelabError("runtime.run_id: required; the coordinator prints it with each role's command")
+        network = registry.build("transport", cfg.transport)
+        out_dir = tempfile.mkdtemp(prefix=f"pipelab-{role}-")
+
+        def build_job(config: dict):
+            from framework.job import Job
+
+            run_cfg = OmegaConf.create(config)
+            with open_dict(run_cfg):
+                run_cfg.runtime.progress = False
+            return Job(run_cfg, out_dir)
+
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # stopped by the coordinator: nothing to save
+        return asyncio.run(run_role(network.endpoint(), cfg.runtime.run_id, role, build_job))
+    except PipelabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

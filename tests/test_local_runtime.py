@@ -1,0 +1,156 @@
+"""runtime=local over transport=mqtt: real processes, a real mosquitto, the same role programs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from framework import registry
+from framework.cli import CONF_DIR
+from framework.errors import ConfigError
+from framework.job import Job
+
+pytestmark = pytest.mark.skipif(shutil.which("mosquitto") is None, reason="mosquitto not installed (bash setup.sh)")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cfg_for(*overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=["tracking=none", "runtime.progress=false", *overrides])
+
+
+def final_weights(job) -> dict:
+    return {k: v.clone() for k, v in job.scheduler.eval_model().state_dict().items()}
+
+
+@pytest.mark.parametrize("sched,devices", [("local", 1), ("gpipe", 2), ("1f1b", 3)])
+def test_local_runtime_matches_the_simulator_exactly(tmp_path, sched, devices):
+    common = [f"scheduler={sched}", "cluster=uniform", f"cluster.num_devices={devices}", "model=mlp", "dataset=synthetic_mnist",
+              "runtime.dtype=float64", "train.epochs=2", "train.iterations_per_epoch=3", "train.batch_size=16"]
+    registry.load_plugins()
+    sim = Job(cfg_for(*common), tmp_path / "sim")
+    sim.train()
+    real = Job(cfg_for(*common, "runtime=local", "transport=mqtt", "runtime.dtype=float64"), tmp_path / "local")
+    real.train()
+    a, b = final_weights(sim), final_weights(real)
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-10
+    assert any(float((a[k] - Job(cfg_for(*common), tmp_path / "init").scheduler.eval_model().state_dict()[k]).abs().max()) > 0 for k in a)  # it trained
+    assert real.history["val/acc"] == pytest.approx(sim.history["val/acc"], abs=1e-12)  # evaluated at each epoch barrier
+    assert real.iterations == sim.iterations == 6
+    assert all(p.poll() is not None for p in real.runtime.procs.values())  # every role process ended
+
+
+def test_runtime_local_needs_a_network_transport_and_a_shipping_scheduler():
+    registry.load_plugins()
+    with pytest.raises(ConfigError, match=r"transport.name.*transport=mqtt"):
+        Job(cfg_for("runtime=local", "scheduler=gpipe", "cluster=uniform"), "/tmp/never")
+    with pytest.raises(ConfigError, match=r"runtime.name.*pipar.*runtime=sim"):
+        Job(cfg_for("runtime=local", "transport=mqtt", "scheduler=pipar"), "/tmp/never")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_killing_a_role_fails_the_run_fast_and_leaves_nothing_behind(tmp_path):
+    db = tmp_path / "mlflow.db"
+    cmd = [sys.executable, "-m", "framework", "runtime=local", "transport=mqtt", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=3",
+           "model=mlp", "dataset=synthetic_mnist", "train.epochs=50", "runtime.progress=false", "runtime.emulate_compute=true",
+           f"tracking.uri=sqlite:///{db}", f"tracking.artifact_root={tmp_path / 'art'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    coord = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        victim = None
+        while victim is None and time.monotonic() < deadline:  # wait until stage1 runs its iterations
+            kids = _children(coord.pid)
+            roles = {k: _cmdline(k) for k in kids}
+            victim = next((k for k, c in roles.items() if "role=stage1" in c), None)
+            if victim is not None and not list((tmp_path / "run").glob("plan.json")):
+                victim = None
+            time.sleep(0.2)
+        assert victim is not None, "stage1 never started"
+        time.sleep(4.0)  # let it train a little
+        everyone = _children(coord.pid)
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = coord.communicate(timeout=30)
+        assert time.monotonic() - t0 < 10, err
+    finally:
+        if coord.poll() is None:
+            coord.kill()
+    assert coord.returncode != 0
+    assert "stage1" in err and ("killed by signal 9" in err or "was lost" in err), err
+    time.sleep(0.5)
+    assert [p for p in everyone if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()] == []
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("pipelab")
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert (tmp_path / "run" / "summary.json").exists()  # outputs stay readable
+
+
+def test_link_emulation_prices_transfers_as_size_over_bandwidth_plus_latency(tmp_path):
+    """Two role contexts in one process over the real broker; 10 Mbit/s, 20 ms: each 1 MiB
+    payload arrives size/bandwidth + latency after it was sent (within 10%)."""
+    from omegaconf import open_dict
+
+    from framework.runtime.local import LocalContext
+    from plugins.transports.broker import Broker
+
+    cfg = cfg_for("runtime=local", "transport=mqtt", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=2", "model=mlp",
+                  "dataset=synthetic_mnist", "runtime.emulate_links=true", "cluster.link.bandwidth_bps=10e6", "cluster.link.latency_s=0.02")
+    job = Job(cfg, tmp_path)
+    job.scheduler_devices = {"stage0": "dev0", "stage1": "dev1"}
+    expected = (1 << 20) * 8 / 10e6 + 0.02
+
+    async def main():
+        with Broker() as b:
+            from plugins.transports.mqtt import MqttTransport
+
+            ta, tb = MqttTransport(cfg.transport, b.address), MqttTransport(cfg.transport, b.address)
+            await ta.start("emul", "stage0")
+            await tb.start("emul", "stage1")
+            t_ref = time.time()
+            a = LocalContext("stage0", "dev0", job, ta, t_ref, cfg.runtime)
+            got = []
+            for i in range(3):
+                x = torch.zeros((1 << 20) // 4 - 64)  # 1 MiB with the wire header
+                t0 = a.now
+                a.send("stage1", "act", x)
+                y = await tb.recv("stage0", "act", timeout=30)
+                got.append(a.now - t0)
+                assert abs(len(y) - (1 << 20)) < 256
+            a.close()
+            await ta.close()
+            await tb.close()
+            return got
+
+    got = asyncio.run(main())
+    for dt in got:
+        assert abs(dt - expected) / expected < 0.10, (got, expected)
