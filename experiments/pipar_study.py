@@ -11,7 +11,8 @@ Parts (all on the virtual clock, so the numbers are deterministic):
    ratios and the issue's acceptance thresholds beside ours.
 2. selection: automated (P, N) against the exhaustive search (one timing-only trial iteration per
    (P, N), the paper's "Opt") for VGG-5 (both shapes) and MobileNetV3-Small (CIFAR), x 3 networks;
-   score T_opt/T_auto, exact matches, search cost, as the paper's Table VII.
+   score T_opt/T_auto, exact matches, search cost, as the paper's Table VII. Twice: on the
+   analytic device model, and on per-layer batch-size curves profiled on this host.
 3. accuracy: FL, SFL and PiPar, same seed and shards, K = 4, VGG-5 with BN, WiFi; test accuracy
    and validation-loss curves (also on real Fashion-MNIST when its files are installed).
 4. scale: a timing-only PiPar epoch with K devices up to 100 (the paper's testbed): wall time and
@@ -114,14 +115,25 @@ def speed_checks(res: dict, ds: str = "synthetic_cifar10") -> list[tuple[str, bo
 # ---- 2. selection ----------------------------------------------------------------------------
 
 
-def part_selection(out: Path) -> dict:
+# The two device models the selection is measured on. `analytic`: the clusters as shipped (FLOPs
+# over a calibrated rate: a micro-batch of b costs b/B of a batch of B, so the more micro-batches
+# the better). `profile`: per-layer times measured on this host at batch sizes 1..B (the server
+# is this host, devices `cluster.device.slowdown` times slower), so tiny micro-batches cost what
+# they really cost; its numbers depend on the host that measured them.
+DEVICE_MODELS = {
+    "analytic": [],
+    "profile": ["cluster.device.time_model=profile", "cluster.device.kind_factors={}"],
+}
+
+
+def part_selection(out: Path, device_model: str = "analytic") -> dict:
     from plugins.schedulers.pipar_search import exhaustive
 
     res = {}
     for model, ds in (("vgg5", "synthetic_mnist"), ("vgg5", "synthetic_cifar10"), ("mobilenetv3_small", "synthetic_cifar10")):
         for net in NETS:
             t0 = time.perf_counter()
-            job = job_for(["scheduler=pipar", f"cluster={net}", f"model={model}", f"dataset={ds}", "train.batch_size=100", "runtime.numerics=false"], out / "tmp")
+            job = job_for(["scheduler=pipar", f"cluster={net}", f"model={model}", f"dataset={ds}", "train.batch_size=100", "runtime.numerics=false", *DEVICE_MODELS[device_model]], out / "tmp")
             sched = job.scheduler
             auto = sched.plans[0]
             best, trials = exhaustive(sched, 0, sched.p_range())
@@ -136,7 +148,7 @@ def part_selection(out: Path) -> dict:
                 "curve": [(t["N"], t["epoch_s"]) for t in trials if t["P"] == best["P"]], "wall_s": time.perf_counter() - t0,
             }
             r = res[key]
-            print(f"  selection {key:36s} auto P={r['P']} N={r['N']:3d} T={r['T']:7.2f}  opt P={r['P_opt']} N={r['N_opt']:3d} T={r['T_opt']:7.2f}  score {r['score']:.3f}  S/T {r['S'] / r['T']:.2f}", flush=True)
+            print(f"  selection ({device_model}) {key:36s} auto P={r['P']} N={r['N']:3d} T={r['T']:7.2f}  opt P={r['P_opt']} N={r['N_opt']:3d} T={r['T_opt']:7.2f}  score {r['score']:.3f}  S/T {r['S'] / r['T']:.2f}", flush=True)
     return res
 
 
@@ -203,11 +215,13 @@ def plots(results: dict, out: Path) -> list[str]:
             ax.set_title(f"VGG-5, CIFAR-shaped: {title}", fontsize=9)
         axes[0].legend(fontsize=8)
         made.append(save(fig, "speed.png"))
-    if "selection" in results:
+    for part in ("selection", "selection_profile"):
+        if part not in results:
+            continue
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
         for ax, (model, ds) in zip(axes, (("vgg5", "mnist"), ("vgg5", "cifar10"), ("mobilenetv3_small", "cifar10"))):
             for net in NETS:
-                r = results["selection"][f"{model}|{ds}|{net}"]
+                r = results[part][f"{model}|{ds}|{net}"]
                 ns, ts = zip(*r["curve"])
                 line = ax.plot(ns, ts, label=NET_LABEL[net], lw=1)[0]
                 ax.plot([r["N"]], [r["T"]], "o", color=line.get_color())
@@ -216,7 +230,7 @@ def plots(results: dict, out: Path) -> list[str]:
             ax.set_title(f"{model}, {ds}: epoch time vs N at P_opt (o auto, * opt)", fontsize=8)
             ax.set_xlabel("N")
         axes[0].legend(fontsize=8)
-        made.append(save(fig, "selection.png"))
+        made.append(save(fig, f"{part}.png"))
     if "accuracy" in results:
         dss = sorted({k.split("|")[0] for k in results["accuracy"]})
         fig, axes = plt.subplots(1, len(dss), figsize=(5 * len(dss), 3.4), squeeze=False)
@@ -229,6 +243,24 @@ def plots(results: dict, out: Path) -> list[str]:
             ax.legend(fontsize=8)
         made.append(save(fig, "accuracy.png"))
     return made
+
+
+def selection_section(sel: dict, part: str, title: str) -> list[str]:
+    lines = [f"## 2. Automated parameter selection (Table VII): {title}", "", "T: epoch time of one trial iteration x iterations per epoch (virtual s); S: search cost (virtual s).", "",
+             "| model | data | net | P | N | T | S | P_opt | N_opt | T_opt | S_opt | score | paper (P, N, P_opt, N_opt, score) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, r in sel.items():
+        model, ds, net = key.split("|")
+        pap = PAPER_TABLE7.get((model, ds, net))
+        ptxt = f"({pap[0]}, {pap[1]}, {pap[4]}, {pap[5]}, {pap[6] / pap[2]:.2f})" if pap else ""
+        lines.append(f"| {model} | {ds} | {NET_LABEL[net]} | {r['P']} | {r['N']} | {r['T']:.2f} | {r['S']:.2f} | {r['P_opt']} | {r['N_opt']} | {r['T_opt']:.2f} | {r['S_opt']:.0f} | {r['score']:.3f} | {ptxt} |")
+    n = len(sel)
+    scores = [r["score"] for r in sel.values()]
+    return lines + [
+        "", f"- score >= 0.96 in every case: **{'yes' if min(scores) >= 0.96 else 'no'}** (min {min(scores):.3f}, mean {sum(scores) / n:.3f}; paper: all >= 0.96)",
+        f"- P = P_opt: {sum(r['P'] == r['P_opt'] for r in sel.values())}/{n} (paper: all)",
+        f"- exact (P, N): {sum(r['exact'] for r in sel.values())}/{n} (paper: 83.3%; acceptance >= 80%)",
+        f"- search cost S/T: mean {sum(r['S'] / r['T'] for r in sel.values()) / n:.2f}, max {max(r['S'] / r['T'] for r in sel.values()):.2f} (paper mean 0.27); S_opt/S: mean {sum(r['S_opt'] / r['S'] for r in sel.values()) / n:.0f}x",
+        "", f"![{part}]({part}.png)", ""]
 
 
 def report(results: dict, out: Path, args) -> str:
@@ -245,22 +277,9 @@ def report(results: dict, out: Path, args) -> str:
                   "Acceptance checks (CIFAR-shaped):", "", "| check | holds | measured |", "|---|---|---|"]
         lines += [f"| {name} | {'yes' if ok else '**no**'} | {val} |" for name, ok, val in speed_checks(sp)]
         lines += ["", "![speed](speed.png)", ""]
-    if "selection" in results:
-        sel = results["selection"]
-        lines += ["## 2. Automated parameter selection (Table VII)", "", "T: epoch time of one trial iteration x iterations per epoch (virtual s); S: search cost (virtual s).", "",
-                  "| model | data | net | P | N | T | S | P_opt | N_opt | T_opt | S_opt | score | paper (P, N, P_opt, N_opt, score) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for key, r in sel.items():
-            model, ds, net = key.split("|")
-            pap = PAPER_TABLE7.get((model, ds, net))
-            ptxt = f"({pap[0]}, {pap[1]}, {pap[4]}, {pap[5]}, {pap[6] / pap[2]:.2f})" if pap else ""
-            lines.append(f"| {model} | {ds} | {NET_LABEL[net]} | {r['P']} | {r['N']} | {r['T']:.2f} | {r['S']:.2f} | {r['P_opt']} | {r['N_opt']} | {r['T_opt']:.2f} | {r['S_opt']:.0f} | {r['score']:.3f} | {ptxt} |")
-        n = len(sel)
-        scores = [r["score"] for r in sel.values()]
-        lines += ["", f"- score >= 0.96 in every case: **{'yes' if min(scores) >= 0.96 else 'no'}** (min {min(scores):.3f}, mean {sum(scores) / n:.3f}; paper: all >= 0.96)",
-                  f"- P = P_opt: {sum(r['P'] == r['P_opt'] for r in sel.values())}/{n} (paper: all)",
-                  f"- exact (P, N): {sum(r['exact'] for r in sel.values())}/{n} (paper: 83.3%; acceptance >= 80%)",
-                  f"- search cost S/T: mean {sum(r['S'] / r['T'] for r in sel.values()) / n:.2f}, max {max(r['S'] / r['T'] for r in sel.values()):.2f} (paper mean 0.27); S_opt/S: mean {sum(r['S_opt'] / r['S'] for r in sel.values()) / n:.0f}x",
-                  "", "![selection](selection.png)", ""]
+    for part, title in (("selection", "analytic device model (the shipped clusters)"), ("selection_profile", "host-profiled device model (real small-batch costs)")):
+        if part in results:
+            lines += selection_section(results[part], part, title)
     if "accuracy" in results:
         acc = results["accuracy"]
         lines += ["## 3. Accuracy parity (Tables V, VI; Figs 8, 9)", "", f"K = 4, same seed and shards, {args.epochs} epochs, VGG-5 with BN, SGD lr 0.01 momentum 0.9 (the authors' code), WiFi.", "",
@@ -295,7 +314,8 @@ def main() -> None:
         results["speed"] = part_speed(out)
     if "selection" in parts:
         print("2. selection", flush=True)
-        results["selection"] = part_selection(out)
+        results["selection"] = part_selection(out, "analytic")
+        results["selection_profile"] = part_selection(out, "profile")
     if "accuracy" in parts:
         print("3. accuracy", flush=True)
         import os

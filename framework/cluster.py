@@ -367,6 +367,12 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, 
             xin = x.detach().requires_grad_(True)
             tf, tb = [], []
             r = 0
+            # BatchNorm cannot train on one value per channel (batch 1 after global pooling):
+            # time that unit in eval mode, which does the same arithmetic
+            try:
+                u(xin)
+            except ValueError:
+                u.eval()
             while r <= repeats or (sum(tf) + sum(tb) < min_s and r <= 50 * repeats):
                 t0 = time.perf_counter()
                 y = u(xin)
@@ -380,6 +386,7 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, 
                     tb.append(t3 - t2)
                 r += 1
             fwd[row][col], bwd[row][col] = _median(tf), _median(tb)
+            u.train()
             x = y.detach()
     for table in (fwd, bwd):
         for row in table:
