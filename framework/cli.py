@@ -39,7 +39,7 @@ def app(cfg: DictConfig) -> float | None:
         print("interrupted: the MLflow run is marked FAILED; outputs so far are in " + hc.runtime.output_dir, file=sys.stderr)
         sys.exit(130)
     m = summary["metrics"]
-    parts = [f"virtual time {summary['virtual_time_s']:.4g}s", f"bubble {summary['bubble_frac']:.3f}"]
+    parts = [f"{summary.get('clock', 'virtual')} time {summary['virtual_time_s']:.4g}s", f"bubble {summary['bubble_frac']:.3f}"]
     for k in ("val/acc", "test/acc"):
         if k in m:
             parts.append(f"{k} {m[k]:.4f}")

@@ -42,6 +42,9 @@ class Job(RuntimeHooks):
         self.overrides = overrides or []
         self.parent_run_id = parent_run_id
         self.numerics = bool(cfg.runtime.numerics)
+        # what the times mean: the simulator's virtual clock, or real seconds on real runtimes
+        # (the metric names keep `virtual` so runs of both kinds compare in one MLflow column)
+        self.clock = "virtual" if cfg.runtime.name == "sim" else "wall"
         self.dtype = DTYPES[cfg.runtime.dtype]
         if cfg.runtime.threads:
             torch.set_num_threads(int(cfg.runtime.threads))
@@ -144,7 +147,7 @@ class Job(RuntimeHooks):
             self.history["val/acc"].append(va)
             self._final["val/loss"], self._final["val/acc"] = vl, va
             if self._progress is not None:
-                self._progress.write(f"epoch {epoch}: val/acc {va:.4f}  val/loss {vl:.4f}  epoch {epoch_time:.4g}s virtual")
+                self._progress.write(f"epoch {epoch}: val/acc {va:.4f}  val/loss {vl:.4f}  epoch {epoch_time:.4g}s {self.clock}")
         tr.flush()
 
     def samples_in_epoch(self, epoch: int) -> int:
@@ -259,6 +262,7 @@ class Job(RuntimeHooks):
             "status": status,
             "scheduler": self.cfg.scheduler.name,
             "virtual_time_s": total,
+            "clock": self.clock,
             "wall_time_s": wall,
             "epochs": int(self.cfg.train.epochs),
             "iterations": self.iterations,

@@ -33,7 +33,7 @@ def final_weights(job) -> dict:
     return {k: v.clone() for k, v in job.scheduler.eval_model().state_dict().items()}
 
 
-@pytest.mark.parametrize("sched,devices", [("local", 1), ("gpipe", 2), ("1f1b", 3)])
+@pytest.mark.parametrize("sched,devices", [("local", 1), ("gpipe", 2), ("1f1b", 4)])
 def test_local_runtime_matches_the_simulator_exactly(tmp_path, sched, devices):
     common = [f"scheduler={sched}", "cluster=uniform", f"cluster.num_devices={devices}", "model=mlp", "dataset=synthetic_mnist",
               "runtime.dtype=float64", "train.epochs=2", "train.iterations_per_epoch=3", "train.batch_size=16"]
@@ -154,3 +154,37 @@ def test_link_emulation_prices_transfers_as_size_over_bandwidth_plus_latency(tmp
     got = asyncio.run(main())
     for dt in got:
         assert abs(dt - expected) / expected < 0.10, (got, expected)
+
+
+def test_remote_roles_join_with_the_printed_commands(tmp_path):
+    cmd = [sys.executable, "-m", "framework", "runtime=remote", "transport=mqtt", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=2",
+           "model=mlp", "dataset=synthetic_mnist", "train.epochs=1", "train.iterations_per_epoch=3", "runtime.progress=false", "tracking=none",
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    coord = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers = []
+    try:
+        lines = []
+        while len(lines) < 2:  # the coordinator prints one command per role
+            line = coord.stderr.readline()
+            assert line, "coordinator ended before printing the worker commands"
+            if line.strip().startswith("python -m framework.worker"):
+                lines.append(line.split())
+        for argv in lines:
+            assert any(a.startswith("role=stage") for a in argv) and any(a.startswith("runtime.run_id=") for a in argv)
+            workers.append(subprocess.Popen([sys.executable, *argv[1:]], cwd=ROOT))
+        out, err = coord.communicate(timeout=180)
+    finally:
+        for p in [coord, *workers]:
+            if p.poll() is None:
+                p.kill()
+    assert coord.returncode == 0, err
+    assert "gpipe:" in out and (tmp_path / "run" / "summary.json").exists()
+    assert [w.wait(30) for w in workers] == [0, 0]
+
+
+def test_missing_remote_roles_are_named_when_the_join_times_out(tmp_path):
+    cmd = [sys.executable, "-m", "framework", "runtime=remote", "transport=mqtt", "runtime.join_timeout_s=2", "scheduler=gpipe", "cluster=uniform",
+           "cluster.num_devices=2", "model=mlp", "dataset=synthetic_mnist", "runtime.progress=false", "tracking=none", f"hydra.run.dir={tmp_path / 'run'}"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "did not join within runtime.join_timeout_s=2s: missing stage0, stage1" in p.stderr

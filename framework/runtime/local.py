@@ -169,7 +169,7 @@ class LocalRuntime:
         if threads:
             env.setdefault("OMP_NUM_THREADS", str(threads))
         for role in roles:
-            self.procs[role] = subprocess.Popen(self.worker_command(role), env=env, stdin=subprocess.DEVNULL)
+            self.procs[role] = subprocess.Popen(self.worker_command(role), env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
 
     def _stop_workers(self, grace_s: float = 0.0) -> None:
         """Wait `grace_s` for role processes to end by themselves, then SIGTERM, then SIGKILL."""
@@ -313,6 +313,28 @@ class LocalRuntime:
 
 class RemoteRuntime(LocalRuntime):
     spawn_workers = False
+
+
+def _libc_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()  # resolved now: a preexec_fn must not import or take locks
+
+
+def die_with_parent() -> None:
+    """preexec_fn of child processes (Linux): be sent SIGTERM when the parent dies, even by
+    SIGKILL, so a killed coordinator leaves no role processes or broker behind. Elsewhere the
+    roles notice the coordinator's MQTT last will instead."""
+    if _PRCTL is not None:
+        _PRCTL(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
 
 
 def _plain(cfg) -> dict:

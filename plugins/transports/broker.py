@@ -88,7 +88,10 @@ class Broker:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 10.0) -> "Broker":
-        self.proc = subprocess.Popen([self.exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        from framework.runtime.local import die_with_parent
+
+        # its own session: a Ctrl-C for the run must not stop the broker before the roles say goodbye
+        self.proc = subprocess.Popen([self.exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout
         while not listening(self.host, self.port):
             if self.proc.poll() is not None:
