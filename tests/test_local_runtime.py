@@ -188,3 +188,30 @@ def test_missing_remote_roles_are_named_when_the_join_times_out(tmp_path):
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
     assert "did not join within runtime.join_timeout_s=2s: missing stage0, stage1" in p.stderr
+
+
+def test_ctrl_c_stops_every_process_and_fails_the_mlflow_run(tmp_path):
+    db = tmp_path / "mlflow.db"
+    cmd = [sys.executable, "-m", "framework", "runtime=local", "transport=mqtt", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=2",
+           "model=mlp", "dataset=synthetic_mnist", "train.epochs=50", "runtime.progress=false", "runtime.emulate_compute=true",
+           f"tracking.uri=sqlite:///{db}", f"tracking.artifact_root={tmp_path / 'art'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    coord = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and sum("role=stage" in _cmdline(k) for k in _children(coord.pid)) < 2:
+            time.sleep(0.2)
+        time.sleep(5.0)
+        everyone = _children(coord.pid)
+        assert len(everyone) >= 3  # two roles and the broker
+        os.killpg(coord.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        _, err = coord.communicate(timeout=30)
+    finally:
+        if coord.poll() is None:
+            coord.kill()
+    assert coord.returncode == 130, err
+    time.sleep(0.5)
+    assert [p for p in everyone if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()] == []
+    import mlflow
+
+    runs = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{db}").search_runs([mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{db}").get_experiment_by_name("pipelab").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]

@@ -97,11 +97,13 @@ def test_malformed_and_foreign_messages_are_dropped_and_counted(broker):
         import zlib
 
         good = b"payload"
-        bad_crc = frame(b"a", b"act", 0, 0, 1, len(good), 0, zlib.crc32(good) ^ 1, good)
+        cfg_chunk = 1024
+        big = os.urandom(1500)  # two chunks whose reassembly fails its checksum: one drop
+        bad_crc = [frame(b"a", b"act", 0, i, 2, len(big), i * cfg_chunk, zlib.crc32(big) ^ 1, big[i * cfg_chunk : (i + 1) * cfg_chunk]) for i in (0, 1)]
         wrong_tag = frame(b"a", b"grad", 0, 0, 1, len(good), 0, zlib.crc32(good), good)  # topic says act
         too_long = frame(b"a", b"act", 0, 0, 1, 3, 0, zlib.crc32(good), good)  # body past total
         async with aiomqtt.Client(broker.host, broker.port) as raw:
-            for junk in (b"\x80\x04 pickle? never", b"PLMQ", bad_crc, wrong_tag, too_long):
+            for junk in (b"\x80\x04 pickle? never", b"PLMQ", *bad_crc, wrong_tag, too_long):
                 await raw.publish("pipelab/t1/c/act", junk, qos=1)
             await raw.publish("pipelab/t1/c/act/extra", b"x", qos=1)  # not a run topic layout
         await a.send("c", "act", good)
@@ -179,11 +181,24 @@ def test_a_64_mib_tensor_crosses_intact_with_bounded_memory(broker, tmp_path):
         from framework import wire
         from plugins.transports.broker import BrokerAddress
         from plugins.transports.mqtt import MqttConfig, MqttTransport
+        import threading, time
         def rss_mib():
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * resource.getpagesize() / 2**20
-        def peak_mib():
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        class Peak:  # the highest resident size while the transfer runs, sampled every 2 ms
+            def __enter__(self):
+                self.base, self.top, self.on = rss_mib(), 0.0, True
+                self.t = threading.Thread(target=self.run, daemon=True)
+                self.t.start()
+                return self
+            def run(self):
+                while self.on:
+                    self.top = max(self.top, rss_mib())
+                    time.sleep(0.002)
+            def __exit__(self, *a):
+                self.on = False
+                self.t.join()
+                self.over = self.top - self.base
         cfg = OmegaConf.structured(MqttConfig())
         addr = BrokerAddress("127.0.0.1", {broker.port})
         N = 16 * 2**20  # float32: 64 MiB
@@ -192,14 +207,15 @@ def test_a_64_mib_tensor_crosses_intact_with_bounded_memory(broker, tmp_path):
         async def main():
             t = MqttTransport(cfg, addr)
             await t.start("big", "tx")
+            print("up", flush=True)  # subscribed: the receiver may start (nothing is queued for a role before it first connects)
             await t.recv("rx", "ready", timeout=300)
             x = torch.Generator().manual_seed(7)
-            base = rss_mib()
-            data = wire.encode({"x": torch.randn(N, generator=x)})
-            await t.send("rx", "act", data)
-            del data
-            await t.flush()
-            print(json.dumps({"over": peak_mib() - base}))
+            with Peak() as p:
+                data = wire.encode({"x": torch.randn(N, generator=x)})
+                await t.send("rx", "act", data)
+                del data
+                await t.flush()
+            print(json.dumps({"over": p.over}))
             await t.close()
         asyncio.run(main())
     """)
@@ -208,20 +224,22 @@ def test_a_64_mib_tensor_crosses_intact_with_bounded_memory(broker, tmp_path):
             t = MqttTransport(cfg, addr)
             await t.start("big", "rx")
             expect = torch.randn(N, generator=torch.Generator().manual_seed(7))
-            base = rss_mib()
-            await t.send("tx", "ready", b"1")
-            buf = await t.recv("tx", "act", timeout=300)
-            got = wire.decode(buf, copy=False).tensors["x"]
-            print(json.dumps({"over": peak_mib() - base, "equal": bool(torch.equal(got, expect)), "chunks_dropped": t.stats["dropped"]}))
+            with Peak() as p:
+                await t.send("tx", "ready", b"1")
+                buf = await t.recv("tx", "act", timeout=300)
+                got = wire.decode(buf, copy=False).tensors["x"]
+            print(json.dumps({"over": p.over, "equal": bool(torch.equal(got, expect)), "chunks_dropped": t.stats["dropped"]}))
             await t.close()
         asyncio.run(main())
     """)
-    rx = subprocess.Popen([sys.executable, "-c", receiver], stdout=subprocess.PIPE, text=True)
     tx = subprocess.Popen([sys.executable, "-c", sender], stdout=subprocess.PIPE, text=True)
+    assert tx.stdout.readline().strip() == "up"
+    rx = subprocess.Popen([sys.executable, "-c", receiver], stdout=subprocess.PIPE, text=True)
     out_tx, _ = tx.communicate(timeout=400)
     out_rx, _ = rx.communicate(timeout=400)
     assert tx.returncode == 0 and rx.returncode == 0
     r, s = json.loads(out_rx.strip().splitlines()[-1]), json.loads(out_tx.strip().splitlines()[-1])
+    print("memory over resting level (MiB): sender", s, "receiver", r)
     assert r["equal"] and r["chunks_dropped"] == 0
     # one 64 MiB copy of the message (+ the tensor itself on the sender) and a window of chunks
     assert s["over"] < 2 * 64 + 48, s
@@ -272,3 +290,24 @@ def test_transport_config_composes_and_bad_values_name_the_key():
     assert cfg.transport.broker.spawn == "auto"
     with pytest.raises(ConfigError, match=r"transport.chunk_bytes"):
         registry.build("transport", cfg.transport)
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="mosquitto_passwd not installed")
+def test_username_and_password_reach_the_broker(tmp_path):
+    pw = tmp_path / "passwd"
+    pw.write_text("")
+    subprocess.run(["mosquitto_passwd", "-b", str(pw), "pi", "s3cret"], check=True, capture_output=True)
+    pw.chmod(0o600)
+    with Broker(extra_conf=["allow_anonymous false", f"password_file {pw}"]) as b:
+
+        async def main():
+            ok = MqttTransport(mqtt_cfg(username="pi", password="s3cret"), b.address)
+            await ok.start("auth", "a")
+            await ok.send("a", "self", b"hi")
+            assert bytes(await ok.recv("a", "self", timeout=10)) == b"hi"
+            await ok.close()
+            bad = MqttTransport(mqtt_cfg(username="pi", password="wrong", connect_timeout_s=5.0), b.address)
+            with pytest.raises(TransportError, match="refused the connection"):
+                await bad.start("auth", "b")
+
+        asyncio.run(main())

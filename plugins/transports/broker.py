@@ -59,7 +59,8 @@ class Broker:
     `persistence=True` keeps sessions and queued QoS-1 messages across a broker restart
     (`restart()`), which is how a run survives one."""
 
-    def __init__(self, binary: str = "mosquitto", *, port: int | None = None, persistence: bool = False, max_inflight: int = 64, workdir: str | None = None):
+    def __init__(self, binary: str = "mosquitto", *, port: int | None = None, persistence: bool = False, max_inflight: int = 64, workdir: str | None = None,
+                 extra_conf: list[str] | None = None):
         self.binary = binary
         exe = shutil.which(binary)
         if exe is None:
@@ -73,10 +74,13 @@ class Broker:
         self.conf = self.dir / "mosquitto.conf"
         lines = [
             f"listener {self.port} {self.host}",
-            "allow_anonymous true",
+            *(extra_conf or ["allow_anonymous true"]),
             f"max_inflight_messages {max_inflight}",
             "max_queued_messages 0",  # unbounded queue per client: QoS-1 data is never dropped
             "max_queued_bytes 0",
+            # started as root, mosquitto switches to the `mosquitto` user, which cannot write
+            # this private directory (log, persistence) or read a password file made here
+            *(["user root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
             f"persistence {'true' if persistence else 'false'}",
             f"persistence_location {self.dir}/",
             "autosave_interval 1",
