@@ -1,6 +1,6 @@
 """Transport benchmark: our MQTT transport against the limits a user could reach instead.
 
-    python experiments/bench_transport.py            # ~3 min on 2 cores
+    python experiments/bench_transport.py            # ~4 min on 2 cores
     python experiments/bench_transport.py --quick    # fewer repetitions (~1 min)
 
 Part 1, round-trip throughput (A sends a tensor to B, B sends it back; two processes) for
@@ -313,7 +313,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="outputs/bench_transport")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per variant (medians are reported)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per variant (medians are reported)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -340,10 +340,16 @@ def main() -> None:
     step_torch = gpipe_torch(steps, out)
 
     lines = ["", f"round-trip throughput, MB/s (2 x size x round trips / s; median of {args.rounds} alternating rounds)", "",
-             f"{'size':>7} | {'ours MQTT':>10} | {'bare aiomqtt':>12} | {'TCP socket':>10} | {'gloo':>8} | ours/bare | bare/gloo | ours/gloo"]
+             f"{'size':>7} | {'ours MQTT':>10} | {'bare aiomqtt':>12} | {'TCP socket':>10} | {'gloo':>8} | ours/bare | paired | bare/gloo | ours/gloo"]
+    res["paired_ours_over_bare"] = {}
     for label, n in SIZES.items():
         o, a, t, g = (res[k][n] / 1e6 for k in ("ours_mqtt", "bare_aiomqtt", "tcp", "gloo"))
-        lines.append(f"{label:>7} | {o:10.1f} | {a:12.1f} | {t:10.1f} | {g:8.1f} | {o / a:9.2f} | {a / g:9.2f} | {o / g:9.2f}")
+        # ours and bare run back to back in each round: the median of the rounds' ratios
+        # cancels the machine's drift between rounds
+        paired = sorted(x[n] / y[n] for x, y in zip(rounds["ours_mqtt"], rounds["bare_aiomqtt"]))[args.rounds // 2]
+        res["paired_ours_over_bare"][n] = paired
+        lines.append(f"{label:>7} | {o:10.1f} | {a:12.1f} | {t:10.1f} | {g:8.1f} | {o / a:9.2f} | {paired:6.2f} | {a / g:9.2f} | {o / g:9.2f}")
+    lines.append("(ours/bare: ratio of the medians; paired: median over rounds of that round's ratio)")
     lines += ["", f"gpipe step (S=2, M=4, VGG-5, batch {BATCH}): ours {step_ours * 1e3:.1f} ms, torch.distributed.pipelining {step_torch * 1e3:.1f} ms, ratio {step_ours / step_torch:.2f}x"]
     print("\n".join(lines))
     res["gpipe_step_s"] = {"ours": step_ours, "torch_pipelining": step_torch}

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ MAGIC = b"PLMQ"
 VERSION = 1
 _FRAME = struct.Struct("<4sBBBBQIIQQI")
 STATUS = "_status"
+SOCKET_BUFFER = 4 << 20
 
 log = logging.getLogger("pipelab.mqtt")
 # aiomqtt warns whenever more than 10 publishes await their acknowledgement; our window allows
@@ -150,6 +152,9 @@ class MqttTransport(Transport):
         super().__init__()
         validate_config(cfg)
         self.cfg = cfg
+        # read per message: plain ints, not config lookups
+        self._chunk_bytes, self._max_bytes = int(cfg.chunk_bytes), int(cfg.max_message_bytes)
+        self._topics: dict[tuple[str, str], str] = {}
         self.address = address  # BrokerAddress; None: cfg.broker.host/port
         self.mail = Mailboxes()
         self._streams: dict[tuple[str, str], _Stream] = {}
@@ -185,6 +190,8 @@ class MqttTransport(Transport):
             will=aiomqtt.Will(self._topic(STATUS, self.role), b"lost", qos=1),
             max_inflight_messages=max(20, int(cfg.max_inflight)),
             queue_type=handled,
+            # room for a whole chunk in the kernel: fewer wake-ups per megabyte
+            socket_options=[(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER), (socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)],
             tls_params=tls,
             tls_insecure=cfg.tls_insecure if cfg.tls else None,
             timeout=cfg.connect_timeout_s,
@@ -281,7 +288,7 @@ class MqttTransport(Transport):
         if not isinstance(payload, (bytes, bytearray)) or len(payload) < _FRAME.size:
             return False
         magic, version, _flags, src_len, tag_len, seq, chunk, n_chunks, total, offset, crc = _FRAME.unpack_from(payload)
-        if magic != MAGIC or version != VERSION or n_chunks < 1 or chunk >= n_chunks or total > self.cfg.max_message_bytes:
+        if magic != MAGIC or version != VERSION or n_chunks < 1 or chunk >= n_chunks or total > self._max_bytes:
             return False
         head = _FRAME.size + src_len + tag_len
         if len(payload) < head or offset + len(payload) - head > total:
@@ -342,20 +349,20 @@ class MqttTransport(Transport):
     async def send(self, dst: str, tag: str, data) -> None:
         if self._error is not None:
             raise self._error
-        check_name("role", dst)
-        check_name("tag", tag)
+        key = (dst, tag)
+        topic = self._topics.get(key)
+        if topic is None:
+            topic = self._topics[key] = self._topic(check_name("role", dst), check_name("tag", tag))
         mv = memoryview(data).cast("B")
         total = len(mv)
-        if total > self.cfg.max_message_bytes:
+        if total > self._max_bytes:
             raise TransportError(f"a {total}-byte message to {dst}/{tag} exceeds transport.max_message_bytes={self.cfg.max_message_bytes}")
-        key = (dst, tag)
         seq = self._seq.get(key, 0)
         self._seq[key] = seq + 1
-        n = max(1, math.ceil(total / int(self.cfg.chunk_bytes)))
+        n = max(1, math.ceil(total / self._chunk_bytes))
         c = max(1, math.ceil(total / n))  # equal chunks: 1 MiB + a header is two halves, not 1 MiB and a sliver
         crc = zlib.crc32(mv) if n > 1 else 0
         src_b, tag_b = self.role.encode(), tag.encode()
-        topic = self._topic(dst, tag)
         for i in range(n):
             await self._window.acquire()
             if self._error is not None:
