@@ -110,7 +110,7 @@ class Job(RuntimeHooks):
         self._train = [0.0, 0, 0]
         self.tracker.log_metric("time/virtual_s", now, iteration)
         if self._progress is not None:
-            post = {"epoch": epoch, "vtime": f"{now:.3g}s"}
+            post = {"epoch": epoch, "time": f"{now:.3g}s"}
             if n:
                 post["loss"] = f"{loss_sum / n:.4f}"
             self._progress.set_postfix(post, refresh=False)
