@@ -126,7 +126,6 @@ def test_link_emulation_prices_transfers_as_size_over_bandwidth_plus_latency(tmp
     cfg = cfg_for("runtime=local", "transport=mqtt", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=2", "model=mlp",
                   "dataset=synthetic_mnist", "runtime.emulate_links=true", "cluster.link.bandwidth_bps=10e6", "cluster.link.latency_s=0.02")
     job = Job(cfg, tmp_path)
-    job.scheduler_devices = {"stage0": "dev0", "stage1": "dev1"}
     expected = (1 << 20) * 8 / 10e6 + 0.02
 
     async def main():
@@ -137,7 +136,7 @@ def test_link_emulation_prices_transfers_as_size_over_bandwidth_plus_latency(tmp
             await ta.start("emul", "stage0")
             await tb.start("emul", "stage1")
             t_ref = time.time()
-            a = LocalContext("stage0", "dev0", job, ta, t_ref, cfg.runtime)
+            a = LocalContext("stage0", {"stage0": "dev0", "stage1": "dev1"}, job, ta, t_ref, cfg.runtime)
             got = []
             for i in range(3):
                 x = torch.zeros((1 << 20) // 4 - 64)  # 1 MiB with the wire header

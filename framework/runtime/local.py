@@ -130,19 +130,16 @@ class LocalRuntime:
 
     def __init__(self, cfg, cluster, codec, hooks=None):
         self.cfg = cfg
-        self.cluster = cluster
-        self.codec = codec
-        self.hooks = hooks
-        self.job = hooks
+        self.job = hooks  # the Job: its cluster, compressor, scheduler and metric hooks
         self.timeline = Timeline()
         self.messages_lost = 0
         self.procs: dict[str, subprocess.Popen] = {}
         self.dropped = 0
-        network = getattr(hooks, "transport", None)
+        network = getattr(self.job, "transport", None)
         if not isinstance(network, Network):
             raise ConfigError("transport.name", f"runtime={cfg.name} needs a network transport between its processes; choices: mqtt (transport=mqtt)")
         self.network: Network = network
-        check_runtime_support(hooks.scheduler, hooks.cfg)
+        check_runtime_support(self.job.scheduler, self.job.cfg)
         self.run_id = cfg.run_id or f"r{uuid.uuid4().hex[:10]}"
 
     # the job calls run(roles) and reads timeline/messages_lost afterwards
@@ -349,11 +346,12 @@ def _plain(cfg) -> dict:
 class LocalContext(RoleContext):
     """A role's view of the world in its own process: real clock, real messages."""
 
-    def __init__(self, role: str, device_name: str, job, transport, t_ref: float, rt_cfg):
+    def __init__(self, role: str, role_devices: dict[str, str], job, transport, t_ref: float, rt_cfg):
         self.role = role
-        self.device_name = device_name
+        self.role_devices = role_devices  # every role's device: which link a message takes
+        self.device_name = role_devices[role]
         self.job = job
-        self.device = job.cluster.device(device_name)
+        self.device = job.cluster.device(self.device_name)
         self.codec = job.compressor
         self.t = transport
         self.t_ref = t_ref
@@ -391,11 +389,15 @@ class LocalContext(RoleContext):
         self._raise()
         tensors = tensor if isinstance(tensor, dict) else {"x": tensor}
         data, nbytes, raw = self.codec.encode(tensors, src=self.role, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
+        self._enqueue(dst, (self.now, tag, data, nbytes, raw, iteration, microbatch, reliable))
+
+    def _enqueue(self, dst: str, item: tuple, emulate: bool | None = None) -> None:
+        """Hand one message to `dst`'s outbox (made on first use); it counts as pending until sent."""
         box = self._outboxes.get(dst)
         if box is None:
-            box = self._outboxes[dst] = _Outbox(self, dst)
-        self._pending_bytes += len(data)
-        box.put((self.now, tag, data, nbytes, raw, iteration, microbatch, reliable))
+            box = self._outboxes[dst] = _Outbox(self, dst, emulate)
+        self._pending_bytes += len(item[2])
+        box.put(item)
 
     def _sent(self, n: int) -> None:
         self._pending_bytes -= n
@@ -438,13 +440,9 @@ class LocalContext(RoleContext):
         self._spawn_ctl({"kind": "train", "loss_sum": float(loss_sum), "correct": int(correct), "n": int(n)})
 
     def _spawn_ctl(self, header: dict) -> None:
-        # progress goes out in call order: one queue, one sender
-        box = self._outboxes.get(COORDINATOR)
-        if box is None:
-            box = self._outboxes[COORDINATOR] = _Outbox(self, COORDINATOR, emulate=False)
+        # progress goes out in call order, through the coordinator's outbox (never link-emulated)
         data = ctl_pack(header)
-        self._pending_bytes += len(data)
-        box.put((self.now, CTL, data, len(data), len(data), -1, -1, True))
+        self._enqueue(COORDINATOR, (self.now, CTL, data, len(data), len(data), -1, -1, True), emulate=False)
 
     async def flush(self) -> None:
         for box in list(self._outboxes.values()):
@@ -465,12 +463,10 @@ class _Outbox:
 
     def __init__(self, ctx: LocalContext, dst: str, emulate: bool | None = None):
         self.ctx, self.dst = ctx, dst
-        job = ctx.job
         emulate = ctx.cfg.emulate_links if emulate is None else emulate
-        self.link = None
-        if emulate and dst in ctx.job.scheduler_devices:
-            self.link = job.cluster.link(ctx.device_name, job.scheduler_devices[dst])
-        self.name = f"{ctx.device_name}->{job.scheduler_devices.get(dst, dst)}"
+        dst_device = ctx.role_devices.get(dst)  # None for the coordinator
+        self.link = ctx.job.cluster.link(ctx.device_name, dst_device) if emulate and dst_device else None
+        self.name = f"{ctx.device_name}->{dst_device or dst}"
         self.queue: asyncio.Queue = asyncio.Queue()
         self.idle = asyncio.Event()
         self.idle.set()
@@ -533,8 +529,7 @@ async def run_role(transport, run_id: str, role: str, build_job: Callable[[dict]
         if role not in roles:
             raise RoleFailed(f"no role {role!r} in this run; roles: {', '.join(roles)}")
         job.scheduler.load_role_state(role, weights)
-        job.scheduler_devices = {r: s.device for r, s in roles.items()}
-        ctx = LocalContext(role, roles[role].device, job, transport, header["t_ref"], job.cfg.runtime)
+        ctx = LocalContext(role, {r: s.device for r, s in roles.items()}, job, transport, header["t_ref"], job.cfg.runtime)
         await _or_lost(roles[role].program(ctx), coordinator_lost)
         await ctx.flush()
         await ctx._ctl({"kind": "result", "timeline": ctx.timeline, "stats": ctx.stats, "end": ctx.now}, job.scheduler.role_state(role))
