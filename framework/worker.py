@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
             cfg = compose(config_name="config", overrides=overrides)
         if not cfg.runtime.get("run_id"):
             raise PipelabError("runtime.run_id: required; the coordinator prints it with each role's command")
+        if cfg.runtime.get("tune_malloc", True):
+            from framework.runtime.allocator import tune_malloc
+
+            tune_malloc()
         network = registry.build("transport", cfg.transport)
         out_dir = tempfile.mkdtemp(prefix=f"pipelab-{role}-")
 

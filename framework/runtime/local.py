@@ -46,6 +46,7 @@ from framework import wire
 from framework.cluster import Work
 from framework.config import RuntimeConfig
 from framework.errors import ConfigError, PipelabError, WireError
+from framework.runtime.allocator import tune_malloc
 from framework.runtime.base import RoleContext, RoleSpec
 from framework.timeline import Timeline
 from framework.transport import Network
@@ -71,6 +72,7 @@ class LocalConfig(RuntimeConfig):
     emulate_links: bool = False  # price every message with the cluster's link model, in real time
     max_pending_bytes: int = 256 << 20  # a role's unsent data before its next compute waits
     python: Optional[str] = None  # interpreter for role processes; null = this one
+    tune_malloc: bool = True  # keep freed megabyte buffers mapped (framework/runtime/allocator.py)
 
 
 @dataclass
@@ -144,6 +146,8 @@ class LocalRuntime:
 
     # the job calls run(roles) and reads timeline/messages_lost afterwards
     def run(self, roles: dict[str, RoleSpec]) -> float:
+        if self.cfg.tune_malloc:
+            tune_malloc()
         self.network.open()
         try:
             makespan = asyncio.run(self._coordinate(roles))
@@ -156,7 +160,8 @@ class LocalRuntime:
     # -- role processes ---------------------------------------------------------------------
 
     def worker_command(self, role: str) -> list[str]:
-        return [self.cfg.python or sys.executable, "-m", "framework.worker", f"role={role}", f"runtime.run_id={self.run_id}", *self.network.worker_args()]
+        extra = [] if self.cfg.tune_malloc else ["runtime.tune_malloc=false"]
+        return [self.cfg.python or sys.executable, "-m", "framework.worker", f"role={role}", f"runtime.run_id={self.run_id}", *extra, *self.network.worker_args()]
 
     def _spawn(self, roles) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
