@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from framework.errors import ConfigError
 from framework.transport import TransportError
 from plugins.transports.broker import Broker, free_port, resolve
-from plugins.transports.mqtt import MqttConfig, MqttTransport, frame
+from plugins.transports.mqtt import MqttConfig, MqttTransport, checksum, frame
 
 pytestmark = pytest.mark.skipif(shutil.which("mosquitto") is None, reason="mosquitto not installed (bash setup.sh)")
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,13 +69,12 @@ def test_duplicated_and_reordered_frames_are_put_back_in_order(broker):
     async def main():
         a, c = await pair(broker, chunk_bytes=1024)
         import aiomqtt
-        import zlib
 
         data = [os.urandom(2500), os.urandom(10)]
         frames = []
         for seq, d in enumerate(data):
             n = -(-len(d) // 1024)
-            frames += [frame(b"a", b"act", seq, i, n, len(d), i * 1024, zlib.crc32(d), d[i * 1024 : (i + 1) * 1024]) for i in range(n)]
+            frames += [frame(b"a", b"act", seq, i, n, len(d), i * 1024, checksum(d), d[i * 1024 : (i + 1) * 1024]) for i in range(n)]
         order = [3, 1, 1, 0, 2, 3, 0]  # second message first, duplicates of both
         async with aiomqtt.Client(broker.host, broker.port) as raw:
             for k in order:
@@ -94,16 +93,15 @@ def test_malformed_and_foreign_messages_are_dropped_and_counted(broker):
     async def main():
         a, c = await pair(broker)
         import aiomqtt
-        import zlib
 
         good = b"payload"
         cfg_chunk = 1024
         big = os.urandom(1500)  # two chunks whose reassembly fails its checksum: one drop
-        bad_crc = [frame(b"a", b"act", 0, i, 2, len(big), i * cfg_chunk, zlib.crc32(big) ^ 1, big[i * cfg_chunk : (i + 1) * cfg_chunk]) for i in (0, 1)]
-        wrong_tag = frame(b"a", b"grad", 0, 0, 1, len(good), 0, zlib.crc32(good), good)  # topic says act
-        too_long = frame(b"a", b"act", 0, 0, 1, 3, 0, zlib.crc32(good), good)  # body past total
+        bad_digest = [frame(b"a", b"act", 0, i, 2, len(big), i * cfg_chunk, checksum(big) ^ 1, big[i * cfg_chunk : (i + 1) * cfg_chunk]) for i in (0, 1)]
+        wrong_tag = frame(b"a", b"grad", 0, 0, 1, len(good), 0, checksum(good), good)  # topic says act
+        too_long = frame(b"a", b"act", 0, 0, 1, 3, 0, checksum(good), good)  # body past total
         async with aiomqtt.Client(broker.host, broker.port) as raw:
-            for junk in (b"\x80\x04 pickle? never", b"PLMQ", *bad_crc, wrong_tag, too_long):
+            for junk in (b"\x80\x04 pickle? never", b"PLMQ", *bad_digest, wrong_tag, too_long):
                 await raw.publish("pipelab/t1/c/act", junk, qos=1)
             await raw.publish("pipelab/t1/c/act/extra", b"x", qos=1)  # not a run topic layout
         await a.send("c", "act", good)
@@ -181,7 +179,9 @@ def test_a_64_mib_tensor_crosses_intact_with_bounded_memory(broker, tmp_path):
         from framework import wire
         from plugins.transports.broker import BrokerAddress
         from plugins.transports.mqtt import MqttConfig, MqttTransport
+        from framework.runtime.allocator import tune_malloc
         import threading, time
+        tune_malloc()  # as role processes run (runtime.tune_malloc): its retained heap counts too
         def rss_mib():
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * resource.getpagesize() / 2**20
@@ -309,5 +309,36 @@ def test_username_and_password_reach_the_broker(tmp_path):
             bad = MqttTransport(mqtt_cfg(username="pi", password="wrong", connect_timeout_s=5.0), b.address)
             with pytest.raises(TransportError, match="refused the connection"):
                 await bad.start("auth", "b")
+
+        asyncio.run(main())
+
+
+def make_certificates(d: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1, signed by it."""
+    ca, ca_key, crt, key, csr, ext = (d / n for n in ("ca.crt", "ca.key", "server.crt", "server.key", "server.csr", "san.ext"))
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca), "-days", "1", "-subj", "/CN=pipelab test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", "/CN=localhost")
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial", "-out", str(crt), "-days", "1", "-extfile", str(ext))
+    return ca, crt, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_tls_options_reach_the_broker(tmp_path):
+    ca, crt, key = make_certificates(tmp_path)
+    with Broker(extra_conf=["allow_anonymous true", f"cafile {ca}", f"certfile {crt}", f"keyfile {key}"]) as b:
+
+        async def main():
+            ok = MqttTransport(mqtt_cfg(tls=True, tls_ca_certs=str(ca)), b.address)
+            await ok.start("tls", "a")
+            await ok.send("a", "self", b"over TLS")
+            assert bytes(await ok.recv("a", "self", timeout=10)) == b"over TLS"
+            await ok.close()
+            # the broker only speaks TLS here, and a client that does not trust its CA is refused
+            for kw in ({}, {"tls": True}):
+                bad = MqttTransport(mqtt_cfg(connect_timeout_s=3.0, **kw), b.address)
+                with pytest.raises(TransportError):
+                    await bad.start("tls", "b")
 
         asyncio.run(main())

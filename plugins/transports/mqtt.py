@@ -6,14 +6,15 @@ for role states (each client's last will there says `lost`). QoS 1 throughout.
 Every MQTT message is one frame (little-endian):
 
     magic "PLMQ" | version u8 | flags u8 | src_len u8 | tag_len u8 | seq u64 | chunk u32
-    | n_chunks u32 | total_len u64 | offset u64 | crc32 u32 | src | tag | chunk bytes
+    | n_chunks u32 | total_len u64 | offset u64 | xxh3_64 u64 | src | tag | chunk bytes
 
 A message larger than `chunk_bytes` travels as several frames (brokers and clients handle
 megabyte messages much better than hundred-megabyte ones). The receiver writes each chunk into
-one preallocated buffer and checks that every chunk came, the total length and the CRC-32 of
-the whole message. A message of one frame is checked by its length alone and delivered without
-a copy: like every MQTT payload it is protected by TCP's checksum, and with nothing to
-reassemble a CRC would only cost time (about 0.5 ms per MiB per side here). Messages are
+one preallocated buffer and checks that every chunk came, the total length and the XXH3-64
+hash of the whole message (0.14 ms per MiB here; zlib's CRC-32 took 0.55 ms, a quarter of a
+16 MiB round trip's time across its four passes). A message of one frame is checked by its
+length alone and delivered without a copy: like every MQTT payload it is protected by TCP's
+checksum, and with nothing to reassemble a hash would only cost time. Messages are
 delivered per (src, tag) in `seq` order exactly once: QoS 1 is at-least-once, and a
 publish retried after a reconnect may repeat or reorder frames. Anything else on the run's
 topics (foreign bytes, a frame whose fields disagree, a failed checksum) is dropped and counted.
@@ -37,11 +38,11 @@ import logging
 import math
 import socket
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Optional
 
 import aiomqtt
+import xxhash
 from aiomqtt.exceptions import MqttConnectError
 
 from framework.config import TransportConfig
@@ -50,8 +51,9 @@ from framework.registry import register
 from framework.transport import Mailboxes, Network, Transport, TransportError, check_name
 
 MAGIC = b"PLMQ"
-VERSION = 1
-_FRAME = struct.Struct("<4sBBBBQIIQQI")
+VERSION = 2
+_FRAME = struct.Struct("<4sBBBBQIIQQQ")
+checksum = xxhash.xxh3_64_intdigest
 STATUS = "_status"
 SOCKET_BUFFER = 4 << 20
 
@@ -108,20 +110,20 @@ def validate_config(cfg) -> None:
         raise ConfigError("transport.username", "a password needs a username")
 
 
-def frame(src: bytes, tag: bytes, seq: int, chunk: int, n_chunks: int, total: int, offset: int, crc: int, body) -> bytes:
-    head = _FRAME.pack(MAGIC, VERSION, 0, len(src), len(tag), seq, chunk, n_chunks, total, offset, crc)
+def frame(src: bytes, tag: bytes, seq: int, chunk: int, n_chunks: int, total: int, offset: int, digest: int, body) -> bytes:
+    head = _FRAME.pack(MAGIC, VERSION, 0, len(src), len(tag), seq, chunk, n_chunks, total, offset, digest)
     return b"".join((head, src, tag, body))
 
 
 class _Partial:
     """One message being reassembled."""
 
-    __slots__ = ("buf", "have", "n_chunks", "crc", "size", "filled")
+    __slots__ = ("buf", "have", "n_chunks", "digest", "size", "filled")
 
-    def __init__(self, total: int, n_chunks: int, crc: int):
+    def __init__(self, total: int, n_chunks: int, digest: int):
         self.buf = bytearray(total)
         self.have: set[int] = set()
-        self.n_chunks, self.crc, self.size = n_chunks, crc, total
+        self.n_chunks, self.digest, self.size = n_chunks, digest, total
         self.filled = 0
 
 
@@ -287,7 +289,7 @@ class MqttTransport(Transport):
         """Place one frame; False if it is not a well-formed frame of this run."""
         if not isinstance(payload, (bytes, bytearray)) or len(payload) < _FRAME.size:
             return False
-        magic, version, _flags, src_len, tag_len, seq, chunk, n_chunks, total, offset, crc = _FRAME.unpack_from(payload)
+        magic, version, _flags, src_len, tag_len, seq, chunk, n_chunks, total, offset, digest = _FRAME.unpack_from(payload)
         if magic != MAGIC or version != VERSION or n_chunks < 1 or chunk >= n_chunks or total > self._max_bytes:
             return False
         head = _FRAME.size + src_len + tag_len
@@ -313,8 +315,8 @@ class MqttTransport(Transport):
             return True
         part = stream.partial.get(seq)
         if part is None:
-            part = stream.partial[seq] = _Partial(total, n_chunks, crc)
-        elif (part.size, part.n_chunks, part.crc) != (total, n_chunks, crc):
+            part = stream.partial[seq] = _Partial(total, n_chunks, digest)
+        elif (part.size, part.n_chunks, part.digest) != (total, n_chunks, digest):
             return False
         if chunk in part.have:
             return True
@@ -324,7 +326,7 @@ class MqttTransport(Transport):
         if len(part.have) < n_chunks:
             return True
         del stream.partial[seq]
-        if part.filled != total or zlib.crc32(part.buf) != crc:
+        if part.filled != total or checksum(part.buf) != digest:
             self.stats["dropped"] += 1  # corrupted: the sender does not know; count it loudly
             log.warning("mqtt %s: message %d from %s/%s failed its checksum and was dropped", self.role, seq, src, tag)
             return True
@@ -361,14 +363,14 @@ class MqttTransport(Transport):
         self._seq[key] = seq + 1
         n = max(1, math.ceil(total / self._chunk_bytes))
         c = max(1, math.ceil(total / n))  # equal chunks: 1 MiB + a header is two halves, not 1 MiB and a sliver
-        crc = zlib.crc32(mv) if n > 1 else 0
+        digest = checksum(mv) if n > 1 else 0
         src_b, tag_b = self.role.encode(), tag.encode()
         for i in range(n):
             await self._window.acquire()
             if self._error is not None:
                 self._window.release()
                 raise self._error
-            payload = frame(src_b, tag_b, seq, i, n, total, i * c, crc, mv[i * c : (i + 1) * c])
+            payload = frame(src_b, tag_b, seq, i, n, total, i * c, digest, mv[i * c : (i + 1) * c])
             task = asyncio.create_task(self._publish(topic, payload))
             self._pending.add(task)
             task.add_done_callback(self._published)
