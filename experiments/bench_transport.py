@@ -17,6 +17,11 @@ batches of 64: ours (`runtime=local transport=mqtt`, one process per stage) agai
 `torch.distributed.pipelining.ScheduleGPipe` over gloo with the same model split and
 micro-batches. Median seconds per training step after warm-up.
 
+Every process of every variant (bare aiomqtt, TCP, gloo and torch.distributed.pipelining
+included) runs with the glibc malloc settings our role processes use (runtime.tune_malloc,
+framework/runtime/allocator.py), so the ratios compare transports, not allocators;
+`--no-tune-malloc` runs everything with glibc's defaults instead.
+
 Everything runs side by side in this one invocation on this machine; results go to
 outputs/bench_transport/results.json and are printed as a table.
 """
@@ -38,6 +43,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SIZES = {"64KiB": 64 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20}
+TUNE_ENV = "PIPELAB_BENCH_TUNE_MALLOC"  # inherited by every process this benchmark starts
+
+
+def tuned() -> bool:
+    return os.environ.get(TUNE_ENV, "1") == "1"
+
+
+def apply_malloc_setting() -> None:
+    if tuned():
+        from framework.runtime.allocator import tune_malloc
+
+        tune_malloc()
 
 
 def reps_for(n: int, quick: bool) -> int:
@@ -229,7 +246,7 @@ def gpipe_ours(steps: int, out_dir: Path) -> float:
 
     registry.load_plugins()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["tracking=none", "runtime.progress=false", "runtime=local", "transport=mqtt", "scheduler=gpipe",
+        cfg = compose(config_name="config", overrides=["tracking=none", "runtime.progress=false", "runtime=local", f"runtime.tune_malloc={tuned()}", "transport=mqtt", "scheduler=gpipe",
                                                        f"scheduler.microbatches={MICRO}", "cluster=uniform", "cluster.num_devices=2", "model=vgg5",
                                                        "dataset=synthetic_cifar10", f"train.batch_size={BATCH}", "train.epochs=1", f"train.iterations_per_epoch={steps}"])
     job = Job(cfg, out_dir / "gpipe_ours")
@@ -314,7 +331,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="outputs/bench_transport")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per variant (medians are reported)")
+    ap.add_argument("--no-tune-malloc", action="store_true", help="glibc's default malloc settings in every process")
     args = ap.parse_args()
+    os.environ[TUNE_ENV] = "0" if args.no_tune_malloc else "1"
+    apply_malloc_setting()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from plugins.transports.broker import Broker
@@ -339,7 +359,8 @@ def main() -> None:
     print("gpipe S=2 M=4 vgg5: torch.distributed.pipelining ScheduleGPipe over gloo ...", flush=True)
     step_torch = gpipe_torch(steps, out)
 
-    lines = ["", f"round-trip throughput, MB/s (2 x size x round trips / s; median of {args.rounds} alternating rounds)", "",
+    malloc = "glibc defaults (--no-tune-malloc)" if args.no_tune_malloc else "runtime.tune_malloc settings in every process"
+    lines = ["", f"round-trip throughput, MB/s (2 x size x round trips / s; median of {args.rounds} alternating rounds; malloc: {malloc})", "",
              f"{'size':>7} | {'ours MQTT':>10} | {'bare aiomqtt':>12} | {'TCP socket':>10} | {'gloo':>8} | ours/bare | paired | bare/gloo | ours/gloo"]
     res["paired_ours_over_bare"] = {}
     for label, n in SIZES.items():
@@ -353,12 +374,15 @@ def main() -> None:
     lines += ["", f"gpipe step (S=2, M=4, VGG-5, batch {BATCH}): ours {step_ours * 1e3:.1f} ms, torch.distributed.pipelining {step_torch * 1e3:.1f} ms, ratio {step_ours / step_torch:.2f}x"]
     print("\n".join(lines))
     res["gpipe_step_s"] = {"ours": step_ours, "torch_pipelining": step_torch}
+    res["tune_malloc"] = not args.no_tune_malloc
     res["rounds"] = res_rounds
     (out / "results.json").write_text(json.dumps({k: ({str(kk): vv for kk, vv in v.items()} if isinstance(v, dict) else v) for k, v in res.items()}, indent=1))
     print(f"results: {out / 'results.json'}")
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] in ("--echo", "--gloo", "--gpipe-torch"):
+        apply_malloc_setting()
     if len(sys.argv) > 1 and sys.argv[1] == "--echo":
         kind, port, n = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         if kind == "tcp":
