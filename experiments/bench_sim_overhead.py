@@ -62,7 +62,7 @@ def plain_loop(job: Job, model: torch.nn.Module, microbatches: int) -> None:
     """The reference: the same forward/backward/step work with nothing around it."""
     opt = make_optimizer(model.parameters(), job.cfg.train)
     model.train()
-    for x, y in job.train_batches(0):
+    for x, y in job.context.train_batches(0):
         for xm, ym in zip(split_microbatches(x, microbatches), split_microbatches(y, microbatches)):
             loss = torch.nn.functional.cross_entropy(model(xm), ym, reduction="sum") / x.shape[0]
             loss.backward()

@@ -73,7 +73,7 @@ def job_for(overrides, out):
 def timing_run(sched, net, dataset, out, extra=()):
     job = job_for([f"scheduler={sched}", f"cluster={net}", "model=vgg5", f"dataset={dataset}", "train.batch_size=100", "train.epochs=1", "runtime.numerics=false", *extra], out)
     t = job.train()
-    idle = job.scheduler.report(t)["summary"]["idle"]
+    idle = job.scheduler.idle(job.runtime.timeline, 0.0, t)
     p = job.scheduler.plans[0]
     return {"epoch_s": job.history["time/epoch_virtual_s"][0], "server_idle_s": idle["server_s"], "device_idle_s": idle["device_mean_s"], "P": p.P, "N": p.N}
 

@@ -76,6 +76,7 @@ class Device:
             raise ValueError(f"device {name}: the profile time model needs a host profile")
         self._unit_factor = [self._kind_factor(i) for i in self.infos]
         self._memo: dict[Work, float] = {}
+        self.trace = _speed_trace(name, cfg.trace)
 
     def _kind_factor(self, info) -> float:
         kf = self.cfg.kind_factors
@@ -100,6 +101,31 @@ class Device:
             t = self._memo[work] = self._model_time(work)
         return t
 
+    def speed_factor(self, t: float) -> float:
+        """How many times longer than its time model this device computes at time t (its trace)."""
+        f = 1.0
+        for t0, factor in self.trace or ():
+            if t0 > t:
+                break
+            f = factor
+        return f
+
+    def duration(self, work: Work, start: float, wall_s: float | None = None) -> float:
+        """Seconds `work` takes when it starts at `start`: the time model's seconds stretched by the
+        speed trace, integrated across its changes (work done at rate 1/factor), as link traces are."""
+        base = self.time(work, wall_s)
+        if not self.trace or base <= 0:
+            return base
+        t, left = start, base
+        changes = [t0 for t0, _ in self.trace if t0 > start]
+        for nxt in changes + [math.inf]:
+            f = self.speed_factor(t)
+            if left * f <= nxt - t:
+                return t + left * f - start
+            left -= (nxt - t) / f
+            t = nxt
+        return t - start  # unreachable: the last segment is unbounded
+
     def _model_time(self, work: Work) -> float:
         cfg = self.cfg
         units = range(work.start, work.stop)
@@ -117,6 +143,17 @@ class Device:
             table, batches = self.profile[work.kind], self.profile["batches"]
             return cfg.slowdown * sum(curve_time(table[i], batches, work.batch) * self._unit_factor[i] for i in units)
         raise ValueError(f"device {self.name}: no model time for time model {cfg.time_model!r}")
+
+
+def _speed_trace(name: str, trace) -> list[tuple[float, float]] | None:
+    if not trace:
+        return None
+    out = []
+    for i, point in enumerate(trace):
+        if len(point) != 2 or not float(point[1]) > 0:
+            raise ConfigError(f"cluster.devices.{name}.trace[{i}]", f"{list(point)} is not [t_s, factor] with factor > 0")
+        out.append((float(point[0]), float(point[1])))
+    return sorted(out)
 
 
 class Channel:

@@ -10,10 +10,20 @@ type or an unknown key while composing. Checks that span fields or groups live i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+# the config tree (an absolute path: Hydra resolves relative ones against the module, which fails under `-m`)
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def yaml_presets(group: str) -> list[str]:
+    """The YAML presets of a config group: conf/<group>/**/*.yaml, as `group=option` names them."""
+    root = Path(CONF_DIR) / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
 
 
 @dataclass
@@ -40,6 +50,7 @@ class DeviceConfig:
     call_overhead_s: float = 0.0  # analytic: fixed seconds per unit per call (dispatch; x slowdown), so small batches cost more per sample
     memory_bytes: Optional[float] = None  # capacity; null = unbounded
     slots: int = 1  # computations that may run at once (server replicas in parallel)
+    trace: Optional[List[List[float]]] = None  # [[t_s, factor], ...]: from t_s on, compute takes factor x as long (piecewise constant)
 
 
 @dataclass
@@ -70,6 +81,13 @@ class SchedulerConfig:
     microbatches: int = 1
     partition: Any = "even"  # "even" (balanced by predicted cost) or explicit cut indices, e.g. [3, 7]
     stages: Optional[int] = None  # pipeline depth; null = one stage per device
+
+
+@dataclass
+class PipelineConfig(SchedulerConfig):
+    """Knobs every pipeline schedule (framework.pipeline) shares."""
+
+    repartition: List[Any] = field(default_factory=list)  # [[epoch, cuts], ...]: move units between stages at that epoch's start
 
 
 @dataclass

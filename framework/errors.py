@@ -10,6 +10,7 @@ class ConfigError(PipelabError):
 
     def __init__(self, key: str, message: str):
         self.key = key
+        self.message = message
         super().__init__(f"{key}: {message}")
 
 

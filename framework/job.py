@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 
 from framework import registry
 from framework.cluster import Cluster
-from framework.data import batches, num_batches
 from framework.models import build_model
-from framework.runtime.sim import RuntimeHooks
+from framework.runtime.base import RuntimeHooks
+from framework.scheduler import SchedulerContext
 from framework.tracking import flatten
 from framework.validate import validate
 
@@ -33,10 +33,31 @@ def _metric_key(name: str) -> str:
     return name.replace("->", "_to_")
 
 
+def build_scheduler(cfg, *, role: str | None = None, plan: dict | None = None):
+    """Validate `cfg`, build the run's parts and its scheduler: (SchedulerContext, Scheduler).
+
+    A role process passes its `role` and the coordinator's `plan`, so the scheduler builds only
+    that role and searches nothing."""
+    registry.load_plugins()
+    validate(cfg)
+    dtype = DTYPES[cfg.runtime.dtype]
+    if cfg.runtime.threads:
+        torch.set_num_threads(int(cfg.runtime.threads))
+    torch.manual_seed(cfg.seed)
+    dataset = registry.build("dataset", cfg.dataset).to(dtype)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(dtype)
+    cluster = Cluster(cfg.cluster, model, batch_size=cfg.train.batch_size, seed=cfg.seed, dtype=dtype)
+    predictor = registry.build("predictor", cfg.predictor, cluster)
+    compressor = registry.build("compressor", cfg.compressor)
+    compressor.set_seed(cfg.seed)
+    compressor.set_epoch(0)
+    ctx = SchedulerContext(cfg, model, dataset, cluster, compressor, predictor, role=role, plan=plan)
+    return ctx, registry.build("scheduler", cfg.scheduler, ctx)
+
+
 class Job(RuntimeHooks):
     def __init__(self, cfg, out_dir, *, overrides: list[str] | None = None, parent_run_id: str | None = None):
-        registry.load_plugins()
-        validate(cfg)
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.overrides = overrides or []
@@ -45,29 +66,14 @@ class Job(RuntimeHooks):
         # what the times mean: the simulator's virtual clock, or real seconds on real runtimes
         # (the metric names keep `virtual` so runs of both kinds compare in one MLflow column)
         self.clock = "virtual" if cfg.runtime.name == "sim" else "wall"
-        self.dtype = DTYPES[cfg.runtime.dtype]
-        if cfg.runtime.threads:
-            torch.set_num_threads(int(cfg.runtime.threads))
-        torch.manual_seed(cfg.seed)
-
-        self.dataset = registry.build("dataset", cfg.dataset).to(self.dtype)
-        torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.model, self.dataset.input_shape, self.dataset.num_classes).to(self.dtype)
-        self.cluster = Cluster(cfg.cluster, self.model, batch_size=cfg.train.batch_size, seed=cfg.seed, dtype=self.dtype)
-        self.predictor = registry.build("predictor", cfg.predictor, self.cluster)
-        self.compressor = registry.build("compressor", cfg.compressor)
-        self.compressor.set_seed(cfg.seed)
-        self.compressor.set_epoch(0)
+        self.context, self.scheduler = build_scheduler(cfg)
+        ctx = self.context
+        self.dtype, self.dataset, self.model, self.cluster = ctx.dtype, ctx.dataset, ctx.model, ctx.cluster
+        self.predictor, self.compressor = ctx.predictor, ctx.compressor
         self.transport = registry.build("transport", cfg.transport)
-        self.scheduler = registry.build("scheduler", cfg.scheduler, self)
-        self.runtime = registry.build("runtime", cfg.runtime, self.cluster, self.compressor, self)
-
-        n_train = len(self.dataset.x_train)
-        self.iterations_per_epoch = num_batches(n_train, cfg.train.batch_size)
-        if cfg.train.iterations_per_epoch:
-            self.iterations_per_epoch = min(self.iterations_per_epoch, int(cfg.train.iterations_per_epoch))
-        # schedulers that draw their own batches (one shard per device) say how many they run
-        self.iterations_per_epoch = getattr(self.scheduler, "iterations_per_epoch", self.iterations_per_epoch)
+        self.runtime = registry.build("runtime", cfg.runtime, self.cluster, self.compressor, self, network=self.transport, run_config=cfg)
+        self.runtime.prepare(self.scheduler)
+        self.iterations_per_epoch = self.scheduler.iterations_per_epoch()
         self._train = [0.0, 0, 0]  # loss_sum, correct, n since the last iteration mark
         self._epoch_train = [0.0, 0, 0]
         self.history: dict[str, list] = {"val/acc": [], "val/loss": [], "train/loss": [], "time/epoch_virtual_s": []}
@@ -77,20 +83,7 @@ class Job(RuntimeHooks):
         self._final: dict[str, float] = {}
         self.tracker = None
         self._progress = None
-        self._batches_epoch, self._batches = None, []
-
-    # ---- data for role programs ------------------------------------------------------------
-
-    def train_batches(self, epoch: int) -> list:
-        """The epoch's mini-batches; every role of an epoch gets the same list (built once)."""
-        if self._batches_epoch != epoch:
-            out = []
-            for i, (x, y) in enumerate(batches(self.dataset.x_train, self.dataset.y_train, self.cfg.train.batch_size, self.cfg.seed, epoch)):
-                if i >= self.iterations_per_epoch:
-                    break
-                out.append((x, y))
-            self._batches, self._batches_epoch = out, epoch
-        return self._batches
+        self._wall0 = time.perf_counter()
 
     # ---- runtime hooks ------------------------------------------------------------------------
 
@@ -101,14 +94,17 @@ class Job(RuntimeHooks):
             acc[2] += n
 
     def on_iteration(self, epoch, iteration, samples, now):
+        # the metric step is the run's own count: roles count their own iterations (several
+        # devices train side by side in collaborative schedules)
+        step = self.iterations
         self.samples += samples
         self.iterations += 1
         loss_sum, correct, n = self._train
         if n:
-            self.tracker.log_metric("train/loss", loss_sum / n, iteration)
-            self.tracker.log_metric("train/acc", correct / n, iteration)
+            self.tracker.log_metric("train/loss", loss_sum / n, step)
+            self.tracker.log_metric("train/acc", correct / n, step)
         self._train = [0.0, 0, 0]
-        self.tracker.log_metric("time/virtual_s", now, iteration)
+        self.tracker.log_metric("time/virtual_s", now, step)
         if self._progress is not None:
             post = {"epoch": epoch, "time": f"{now:.3g}s"}
             if n:
@@ -116,17 +112,16 @@ class Job(RuntimeHooks):
             self._progress.set_postfix(post, refresh=False)
             self._progress.update(1)
 
-    def on_epoch_end(self, epoch, now):
+    def on_epoch_end(self, epoch, now, states):
         tr = self.tracker
         epoch_time = now - self._epoch_start
         self._epoch_start = now
         tr.log_metric("time/epoch_virtual_s", epoch_time, epoch)
         tr.log_metric("time/wall_s", time.perf_counter() - self._wall0, epoch)
         self.history["time/epoch_virtual_s"].append(epoch_time)
-        if hasattr(self.scheduler, "epoch_metrics"):  # scheduler-specific per-epoch metrics
-            for k, v in self.scheduler.epoch_metrics(epoch, now - epoch_time, now).items():
-                tr.log_metric(k, v, epoch)
-                self.history.setdefault(k, []).append(v)
+        for k, v in self.scheduler.epoch_metrics(epoch, now - epoch_time, now, self.runtime.timeline).items():
+            tr.log_metric(k, v, epoch)
+            self.history.setdefault(k, []).append(v)
         loss_sum, correct, n = self._epoch_train
         self._epoch_train = [0.0, 0, 0]
         if n:
@@ -135,12 +130,12 @@ class Job(RuntimeHooks):
             self._final["train/loss"] = loss_sum / n
             self._final["train/acc"] = correct / n
         if epoch_time > 0:
-            tr.log_metric("throughput/samples_per_s", self.samples_in_epoch(epoch) / epoch_time, epoch)
+            tr.log_metric("throughput/samples_per_s", self.scheduler.samples_per_epoch() / epoch_time, epoch)
         for k, v in self.compressor.epoch_metrics().items():  # bit widths and quantization error
             tr.log_metric(k, v, epoch)
         self.compressor.set_epoch(epoch + 1)
         if self.numerics:
-            vl, va = self.evaluate("val")
+            vl, va = self.evaluate("val", self.scheduler.eval_model(states()))
             tr.log_metric("val/loss", vl, epoch)
             tr.log_metric("val/acc", va, epoch)
             self.history["val/loss"].append(vl)
@@ -150,15 +145,8 @@ class Job(RuntimeHooks):
                 self._progress.write(f"epoch {epoch}: val/acc {va:.4f}  val/loss {vl:.4f}  epoch {epoch_time:.4g}s {self.clock}")
         tr.flush()
 
-    def samples_in_epoch(self, epoch: int) -> int:
-        if hasattr(self.scheduler, "samples_per_epoch"):
-            return self.scheduler.samples_per_epoch
-        n = len(self.dataset.x_train)
-        return min(n, self.iterations_per_epoch * self.cfg.train.batch_size)
-
     @torch.no_grad()
-    def evaluate(self, split: str) -> tuple[float, float]:
-        model = self.scheduler.eval_model()
+    def evaluate(self, split: str, model) -> tuple[float, float]:
         was = model.training
         model.eval()
         x, y = self.dataset.split(split)
@@ -219,16 +207,19 @@ class Job(RuntimeHooks):
             from framework.tracking import NullTracker
 
             self.tracker = NullTracker(self.cfg.tracking)
-        self._wall0 = getattr(self, "_wall0", time.perf_counter())
         if self.cfg.runtime.progress:
             from tqdm import tqdm
 
             self._progress = tqdm(total=self.cfg.train.epochs * self.iterations_per_epoch, desc=progress_desc, unit="it", file=sys.stderr, dynamic_ncols=True, leave=False)
-        self.virtual_time = self.runtime.run(self.scheduler.roles())
+        self.virtual_time = self.runtime.run(self.scheduler)
         if self.numerics:
-            tl, ta = self.evaluate("test")
+            tl, ta = self.evaluate("test", self.final_model())
             self._final["test/loss"], self._final["test/acc"] = tl, ta
         return self.virtual_time
+
+    def final_model(self):
+        """The trained model as the coordinator sees it: built from the roles' final states."""
+        return self.scheduler.eval_model(self.runtime.final_states)
 
     def _write_outputs(self, status: str) -> dict:
         tl = self.runtime.timeline
@@ -236,7 +227,8 @@ class Job(RuntimeHooks):
         wall = time.perf_counter() - self._wall0
         roles = tl.role_stats(total)
         links = tl.link_stats()
-        stats = self.scheduler.stats() if hasattr(self.scheduler, "stats") else {}
+        rt = self.runtime
+        extra = self.scheduler.report(total, tl, rt.role_stats, rt.dropouts)
         bubble = tl.bubble_frac()
         metrics = dict(self._final)
         metrics["time/virtual_s"] = total
@@ -244,8 +236,7 @@ class Job(RuntimeHooks):
         if total > 0:
             metrics["throughput/samples_per_s"] = self.samples / total
         metrics["pipe/bubble_frac"] = bubble
-        if "staleness" in stats:
-            metrics["pipe/staleness"] = stats["staleness"]
+        metrics["roles/dropouts"] = len(rt.dropouts)
         for r, st in roles.items():
             metrics[f"util/busy_frac/{r}"] = st["busy_s"] / total if total > 0 else 0.0
             metrics[f"util/idle_s/{r}"] = st["idle_s"]
@@ -272,16 +263,16 @@ class Job(RuntimeHooks):
             "roles": roles,
             "links": links,
             "bubble_frac": bubble,
-            "peak_inflight": stats.get("peak_inflight", {}),
-            "staleness": {"mean": stats.get("staleness", 0.0), "max": stats.get("staleness_max", 0)},
             "compression": compression,
-            "messages_lost": getattr(self.runtime, "messages_lost", 0),
+            "messages_lost": rt.messages_lost,
+            "dropouts": rt.dropouts,
+            "processes": rt.process_stats,
             "mlflow_run_id": self.tracker.run_id,
         }
-        if hasattr(self.scheduler, "report"):  # scheduler-specific summary sections and metrics
-            extra = self.scheduler.report(total)
-            metrics.update(extra.get("metrics", {}))
-            summary.update(extra.get("summary", {}))
+        metrics.update(extra.get("metrics", {}))
+        summary.update(extra.get("summary", {}))
+        if rt.dropouts:
+            self.tracker.set_tag("pipelab.dropouts", ", ".join(f"{d['role']} (epoch {d['epoch']})" for d in rt.dropouts))
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
         tcfg = self.cfg.tracking
         tl.save_chrome_trace(self.out_dir / "timeline.json", tcfg.max_trace_events)

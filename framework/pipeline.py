@@ -6,18 +6,24 @@ optimizer. `PipelineScheduler` turns that list into one role program per stage t
 receives activations from stage s-1, sends them to s+1, and the reverse for gradients. A
 classic schedule plugin (GPipe, 1F1B, PipeDream) is then only its action list, as in
 `torch.distributed.pipelining.schedules`.
+
+`scheduler.repartition: [[epoch, cuts], ...]` moves units between stages at the start of an
+epoch (framework.repartition): weights and optimizer state travel stage to stage as messages.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import copy
+
 from torch import nn
 
+from framework import repartition as rp
 from framework.data import split_microbatches
 from framework.errors import ConfigError
 from framework.partition import partition
-from framework.runtime.base import RoleSpec
+from framework.scheduler import Role, Scheduler
 from framework.stage import Stage
 
 
@@ -60,7 +66,7 @@ def one_f_one_b(stage: int, num_stages: int, num_mb: int, *, step_after_backward
     return acts
 
 
-class PipelineScheduler:
+class PipelineScheduler(Scheduler):
     """Stages on devices dev0..dev{S-1}; each iteration runs `actions(s, S, M)` per stage.
 
     Subclasses set:
@@ -73,22 +79,17 @@ class PipelineScheduler:
     flush_per = "iteration"
     stash = False
 
-    def __init__(self, cfg, job):
-        self.cfg = cfg
-        self.job = job
-        cluster_devices = [f"dev{i}" for i in range(job.cluster.cfg.num_devices)]  # not extra named devices
-        num_stages = cfg.stages if cfg.stages is not None else job.cluster.cfg.num_devices
-        num_stages = self.num_stages_override(num_stages)
-        if num_stages > len(cluster_devices):
-            raise ConfigError("scheduler.stages", f"{num_stages} stages need {num_stages} devices but the cluster has {len(cluster_devices)}; set cluster.num_devices={num_stages}")
-        self.devices = cluster_devices[:num_stages]
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
         self.microbatches = self.num_microbatches()
-        mb_size = max(1, job.cfg.train.batch_size // self.microbatches)
-        self.bounds = partition(cfg.partition, [job.cluster.device(d) for d in self.devices], len(job.model), job.model.name, job.predictor, mb_size)
-        self.roles_ = [f"stage{s}" for s in range(num_stages)]
-        self.memory = [self.memory_estimate(s, mb_size) for s in range(num_stages)]
-        self.check_memory()
-        self.stages = [Stage(job.model, a, b, job.cfg.train, numerics=job.numerics, stash=self.stash) for a, b in self.bounds]
+        self.mb_size = max(1, int(ctx.cfg.train.batch_size) // self.microbatches)
+        self._plan = ctx.plan if ctx.plan is not None else self._make_plan()
+        self.bounds = [tuple(st["units"]) for st in self._plan["stages"]]
+        self.devices = [st["device"] for st in self._plan["stages"]]
+        self.roles_ = [st["role"] for st in self._plan["stages"]]
+        self.memory = [st["memory_bytes"] for st in self._plan["stages"]]
+        self.repartitions = {int(r["epoch"]): [tuple(b) for b in r["bounds"]] for r in self._plan.get("repartition", [])}
+        self._eval = None
 
     # -- hooks for subclasses -----------------------------------------------------------------
 
@@ -101,34 +102,72 @@ class PipelineScheduler:
     def actions(self, stage: int, num_stages: int, num_mb: int) -> list[Action]:
         raise NotImplementedError
 
-    # -- memory -------------------------------------------------------------------------------
+    # -- the plan -----------------------------------------------------------------------------
 
-    def memory_estimate(self, s: int, mb_size: int) -> dict:
+    def _make_plan(self) -> dict:
+        ctx = self.ctx
+        cluster_devices = [f"dev{i}" for i in range(ctx.cluster.cfg.num_devices)]  # not extra named devices
+        num_stages = self.cfg.stages if self.cfg.stages is not None else ctx.cluster.cfg.num_devices
+        num_stages = self.num_stages_override(num_stages)
+        if num_stages > len(cluster_devices):
+            raise ConfigError("scheduler.stages", f"{num_stages} stages need {num_stages} devices but the cluster has {len(cluster_devices)}; set cluster.num_devices={num_stages}")
+        devices = cluster_devices[:num_stages]
+        dev_objs = [ctx.cluster.device(d) for d in devices]
+        bounds = partition(self.cfg.partition, dev_objs, len(ctx.model), ctx.model.name, ctx.predictor, self.mb_size)
+        memory = [self.memory_estimate(s, bounds) for s in range(num_stages)]
+        self.check_memory(devices, bounds, memory)
+        later = []
+        for i, entry in enumerate(self.cfg.get("repartition") or []):
+            key = f"scheduler.repartition[{i}]"
+            if len(entry) != 2 or int(entry[0]) < 1:
+                raise ConfigError(key, f"{list(entry)} is not [epoch >= 1, cuts]")
+            try:
+                new = partition(entry[1], dev_objs, len(ctx.model), ctx.model.name, ctx.predictor, self.mb_size)
+            except ConfigError as e:
+                raise ConfigError(key, e.message) from None
+            self.check_memory(devices, new, [self.memory_estimate(s, new) for s in range(num_stages)])
+            later.append({"epoch": int(entry[0]), "bounds": [list(b) for b in new]})
+        return {
+            "scheduler": self.cfg.name,
+            "stages": [
+                {"role": f"stage{s}", "device": d, "units": [a, b], "unit_names": ctx.model.unit_names[a:b], "memory_bytes": mem}
+                for s, (d, (a, b), mem) in enumerate(zip(devices, bounds, memory))
+            ],
+            "microbatches": self.microbatches,
+            "flush_per": self.flush_per,
+            "weight_stashing": self.stash,
+            "repartition": sorted(later, key=lambda r: r["epoch"]),
+        }
+
+    def plan(self) -> dict:
+        return self._plan
+
+    def memory_estimate(self, s: int, bounds) -> dict:
         """Bytes stage s holds at its peak: weights, gradients and optimizer state, plus the
         activations of the micro-batches its schedule keeps alive at once (read off the action
         list) and, with weight stashing, one weight copy per batch in flight."""
-        job = self.job
-        a, b = self.bounds[s]
-        infos = job.model.infos[a:b]
-        itemsize = 8 if job.cfg.runtime.dtype == "float64" else 4
+        ctx = self.ctx
+        a, b = bounds[s]
+        infos = ctx.model.infos[a:b]
+        itemsize = 8 if ctx.cfg.runtime.dtype == "float64" else 4
         param_bytes = sum(i.params for i in infos) * itemsize
-        states = {"sgd": 3 if job.cfg.train.momentum else 2, "adam": 4}.get(job.cfg.train.optimizer, 3)
+        states = {"sgd": 3 if ctx.cfg.train.momentum else 2, "adam": 4}.get(ctx.cfg.train.optimizer, 3)
         # an asynchronous schedule's peak shows within its first S items (the warm-up)
-        items = self.microbatches if self.flush_per == "iteration" else len(self.bounds)
+        items = self.microbatches if self.flush_per == "iteration" else len(bounds)
         live = peak = 0
-        for act in self.actions(s, len(self.bounds), items):
+        for act in self.actions(s, len(bounds), items):
             live += {"F": 1, "B": -1}.get(act.op, 0)
             peak = max(peak, live)
-        per_mb = mb_size * sum(i.out_numel for i in infos) * itemsize
+        per_mb = self.mb_size * sum(i.out_numel for i in infos) * itemsize
         stash = param_bytes * peak if self.stash else 0
         total = param_bytes * states + per_mb * peak + stash
         return {"bytes": total, "weights_and_optimizer": param_bytes * states, "activations": per_mb * peak, "stashed_weights": stash, "microbatches_alive": peak}
 
-    def check_memory(self) -> None:
-        for s, (dev_name, est) in enumerate(zip(self.devices, self.memory)):
-            cap = self.job.cluster.device(dev_name).cfg.memory_bytes
+    def check_memory(self, devices, bounds, memory) -> None:
+        for s, (dev_name, est) in enumerate(zip(devices, memory)):
+            cap = self.ctx.cluster.device(dev_name).cfg.memory_bytes
             if cap is not None and est["bytes"] > cap:
-                a, b = self.bounds[s]
+                a, b = bounds[s]
                 mib = 1 << 20
                 raise ConfigError(
                     f"cluster.devices.{dev_name}.memory_bytes",
@@ -138,54 +177,87 @@ class PipelineScheduler:
                     f"{cap / mib:.1f} MiB; use more stages, a schedule with fewer micro-batches alive (1f1b) or a smaller batch",
                 )
 
-    # -- what the job asks of a scheduler --------------------------------------------------
+    # -- what the runtimes ask of a scheduler -----------------------------------------------------
 
-    def plan(self) -> dict:
-        return {
-            "scheduler": self.cfg.name,
-            "stages": [
-                {"role": r, "device": d, "units": [a, b], "unit_names": self.job.model.unit_names[a:b], "memory_bytes": mem}
-                for r, d, (a, b), mem in zip(self.roles_, self.devices, self.bounds, self.memory)
-            ],
-            "microbatches": self.microbatches,
-            "flush_per": self.flush_per,
-            "weight_stashing": self.stash,
-        }
+    def role_devices(self) -> dict[str, str]:
+        return dict(zip(self.roles_, self.devices))
 
-    def role_state(self, role: str) -> dict:
-        """The weights (and buffers) a role owns: what real runtimes ship between processes."""
-        return {k: v.detach().clone() for k, v in self.stages[self.roles_.index(role)].module.state_dict().items()}
+    def build_role(self, role: str) -> "StageRole":
+        return StageRole(self, self.roles_.index(role))
 
-    def load_role_state(self, role: str, state: dict) -> None:
-        self.stages[self.roles_.index(role)].module.load_state_dict(state)
+    def eval_model(self, states: dict[str, dict]) -> nn.Module:
+        """The whole model with every stage's reported units loaded (stages may have moved them)."""
+        if self._eval is None:
+            self._eval = copy.deepcopy(self.ctx.model)
+        for state in states.values():
+            rp.unpack_units(self._eval, state, True)
+        return self._eval
 
-    def eval_model(self) -> nn.Module:
-        return nn.Sequential(*[st.module for st in self.stages])
+
+class StageRole(Role):
+    """Stage s: its units of the model, its optimizer, the flush interpreter."""
+
+    def __init__(self, sched: PipelineScheduler, s: int):
+        self.sched = sched
+        self.s = s
+        self.device = sched.devices[s]
+        self.name = sched.roles_[s]
+        self.bounds = list(sched.bounds)
+        self.stage = self._new_stage(*self.bounds[s])
+        self.peak_inflight = 0
+        self.staleness: list[int] = []
+
+    def _new_stage(self, a: int, b: int) -> Stage:
+        ctx = self.sched.ctx
+        return Stage(ctx.model, a, b, ctx.cfg.train, numerics=ctx.numerics, stash=self.sched.stash)
+
+    def state(self) -> dict:
+        """The weights this stage owns, by global unit index (they survive a repartition)."""
+        st = self.stage
+        return rp.pack_units(self.sched.ctx.model, None, list(range(st.start, st.stop)), True)
+
+    def load_state(self, state: dict) -> None:
+        rp.unpack_units(self.sched.ctx.model, state, True)
 
     def stats(self) -> dict:
-        staleness = [x for st in self.stages for x in st.staleness]
-        return {
-            "peak_inflight": {r: st.peak_inflight for r, st in zip(self.roles_, self.stages)},
-            "staleness": sum(staleness) / len(staleness) if staleness else 0.0,
-            "staleness_max": max(staleness, default=0),
-        }
+        return {"peak_inflight": max(self.peak_inflight, self.stage.peak_inflight), "staleness": self.staleness + self.stage.staleness}
 
-    def roles(self) -> dict[str, RoleSpec]:
-        return {r: RoleSpec(d, self._program(s)) for s, (r, d) in enumerate(zip(self.roles_, self.devices))}
+    async def repartition(self, ctx, new_bounds, epoch: int) -> None:
+        """Hand the units this stage loses to their new stages and take the ones it gains."""
+        sched, s = self.sched, self.s
+        model, numerics = sched.ctx.model, sched.ctx.numerics
+        moved = rp.moves(self.bounds, new_bounds)
+        old = self.stage
+        for (src, dst), units in moved.items():
+            if src == s:
+                ctx.send(sched.roles_[dst], "units", rp.pack_units(model, old.optimizer, units, numerics), iteration=epoch)
+        carried = {p: st for p, st in old.optimizer.state.items()} if old.optimizer is not None else {}
+        for (src, dst), units in moved.items():
+            if dst == s:
+                carried.update(rp.unpack_units(model, await ctx.recv(sched.roles_[src], "units"), numerics))
+        self.peak_inflight = max(self.peak_inflight, old.peak_inflight)
+        self.staleness += old.staleness
+        self.bounds = list(new_bounds)
+        self.stage = self._new_stage(*new_bounds[s])
+        self.stage.version = old.version
+        if self.stage.optimizer is not None:
+            for p in self.stage.module.parameters():
+                if p in carried:
+                    self.stage.optimizer.state[p] = carried[p]
 
-    # -- the interpreter ----------------------------------------------------------------------
+    async def run(self, ctx) -> None:
+        sched, s = self.sched, self.s
+        S = len(self.bounds)
+        cfg = sched.ctx.cfg
+        prev = sched.roles_[s - 1] if s > 0 else None
+        nxt = sched.roles_[s + 1] if s < S - 1 else None
+        numerics = sched.ctx.numerics
 
-    def _program(self, s: int):
-        job = self.job
-        S = len(self.stages)
-        stage = self.stages[s]
-        prev = self.roles_[s - 1] if s > 0 else None
-        nxt = self.roles_[s + 1] if s < S - 1 else None
-
-        async def run_flush(ctx, items, group, epoch, first_it):
+        async def run_flush(items, group, epoch, first_it):
             """items[m] = (x or None, y or None, iteration, loss_scale)."""
+            stage = self.stage
             sizes = {}
-            for a in self.actions(s, S, len(items)):
+            for a in sched.actions(s, S, len(items)):
                 x, y, it, scale = items[a.mb] if a.op != "STEP" else (None, None, first_it, 1.0)
                 if a.op == "F":
                     inp = x if prev is None else await ctx.recv(prev, "act")
@@ -193,39 +265,38 @@ class PipelineScheduler:
                     out = await ctx.compute(stage.fwd_work(sizes[a.mb]), stage.forward, inp, a.mb, y, scale, iteration=it, microbatch=a.mb, group=group)
                     if nxt is not None:
                         ctx.send(nxt, "act", out, iteration=it, microbatch=a.mb)
-                    elif job.numerics:
+                    elif numerics:
                         ctx.report_train(*out)
                 elif a.op == "B":
                     g = None if nxt is None else await ctx.recv(nxt, "grad")
                     gin = await ctx.compute(stage.bwd_work(sizes[a.mb]), stage.backward, a.mb, g, iteration=it, microbatch=a.mb, group=group)
                     if prev is not None:
                         ctx.send(prev, "grad", gin, iteration=it, microbatch=a.mb)
-                    if self.flush_per == "epoch" and s == 0:
+                    if sched.flush_per == "epoch" and s == 0:
                         ctx.iteration_done(epoch, it, sizes[a.mb])
                 else:
                     await ctx.compute(stage.step_work(), stage.step, iteration=it, group=-1)
 
-        async def program(ctx):
-            it_global = 0
-            for epoch in range(job.cfg.train.epochs):
-                batches = job.train_batches(epoch)
-                if self.flush_per == "iteration":
-                    for it, (x, y) in enumerate(batches):
-                        m = min(self.microbatches, x.shape[0])
-                        xs = split_microbatches(x, m) if prev is None else [None] * m
-                        ys = split_microbatches(y, m) if nxt is None else [None] * m
-                        scale = 1.0 / x.shape[0]
-                        items = [(xs[k], ys[k], it_global, scale) for k in range(m)]
-                        await run_flush(ctx, items, it_global, epoch, it_global)
-                        if s == 0:
-                            ctx.iteration_done(epoch, it_global, x.shape[0])
-                        it_global += 1
-                else:
-                    items = []
-                    for x, y in batches:
-                        items.append((x if prev is None else None, y if nxt is None else None, it_global, 1.0 / x.shape[0]))
-                        it_global += 1
-                    await run_flush(ctx, items, epoch, epoch, items[0][2] if items else it_global)
-                await ctx.end_epoch(epoch)
-
-        return program
+        it_global = 0
+        for epoch in range(cfg.train.epochs):
+            if epoch in sched.repartitions:
+                await self.repartition(ctx, sched.repartitions[epoch], epoch)
+            batches = sched.ctx.train_batches(epoch)
+            if sched.flush_per == "iteration":
+                for x, y in batches:
+                    m = min(sched.microbatches, x.shape[0])
+                    xs = split_microbatches(x, m) if prev is None else [None] * m
+                    ys = split_microbatches(y, m) if nxt is None else [None] * m
+                    scale = 1.0 / x.shape[0]
+                    items = [(xs[k], ys[k], it_global, scale) for k in range(m)]
+                    await run_flush(items, it_global, epoch, it_global)
+                    if s == 0:
+                        ctx.iteration_done(epoch, it_global, x.shape[0])
+                    it_global += 1
+            else:
+                items = []
+                for x, y in batches:
+                    items.append((x if prev is None else None, y if nxt is None else None, it_global, 1.0 / x.shape[0]))
+                    it_global += 1
+                await run_flush(items, epoch, epoch, items[0][2] if items else it_global)
+            await ctx.end_epoch(epoch)

@@ -3,8 +3,8 @@
     python -m framework.worker role=stage1 runtime.run_id=r1a2b3 \\
         transport.broker.host=192.168.1.10 transport.broker.port=1883
 
-The role joins the run through the broker, receives the run's config, plan check and initial
-weights from the coordinator (`python -m framework runtime=remote ...`), runs its program and
+The role joins the run through the broker, receives the run's config, the coordinator's plan
+and the initial weights from the coordinator (`python -m framework runtime=remote ...`), runs its program and
 reports back. Only transport settings and the run id are needed here; everything else comes
 from the coordinator. `runtime=local` starts these processes itself.
 """
@@ -15,7 +15,6 @@ import asyncio
 import os
 import signal
 import sys
-import tempfile
 
 
 def parse(argv: list[str]) -> tuple[str, list[str]]:
@@ -41,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from framework import registry
     from framework.cli import CONF_DIR
     from framework.errors import PipelabError
-    from framework.runtime.local import run_role
+    from framework.runtime.role_process import run_role
 
     role, overrides = parse(sys.argv[1:] if argv is None else argv)
     registry.load_plugins()
@@ -59,18 +58,17 @@ def main(argv: list[str] | None = None) -> int:
 
             tune_malloc()
         network = registry.build("transport", cfg.transport)
-        out_dir = tempfile.mkdtemp(prefix=f"pipelab-{role}-")
 
-        def build_job(config: dict):
-            from framework.job import Job
+        def build(config: dict, plan: dict):
+            from framework.job import build_scheduler
 
             run_cfg = OmegaConf.create(config)
             with open_dict(run_cfg):
                 run_cfg.runtime.progress = False
-            return Job(run_cfg, out_dir)
+            return build_scheduler(run_cfg, role=role, plan=plan)
 
         signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # stopped by the coordinator: nothing to save
-        return asyncio.run(run_role(network.endpoint(), cfg.runtime.run_id, role, build_job))
+        return asyncio.run(run_role(network.endpoint(), cfg.runtime.run_id, role, build))
     except PipelabError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

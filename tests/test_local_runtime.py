@@ -30,7 +30,7 @@ def cfg_for(*overrides):
 
 
 def final_weights(job) -> dict:
-    return {k: v.clone() for k, v in job.scheduler.eval_model().state_dict().items()}
+    return {k: v.clone() for k, v in job.final_model().state_dict().items()}
 
 
 @pytest.mark.parametrize("sched,devices", [("local", 1), ("gpipe", 2), ("1f1b", 4)])
@@ -45,7 +45,7 @@ def test_local_runtime_matches_the_simulator_exactly(tmp_path, sched, devices):
     a, b = final_weights(sim), final_weights(real)
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-10
-    assert any(float((a[k] - Job(cfg_for(*common), tmp_path / "init").scheduler.eval_model().state_dict()[k]).abs().max()) > 0 for k in a)  # it trained
+    assert any(float((a[k] - Job(cfg_for(*common), tmp_path / "init").model.state_dict()[k]).abs().max()) > 0 for k in a)  # it trained
     assert real.history["val/acc"] == pytest.approx(sim.history["val/acc"], abs=1e-12)  # evaluated at each epoch barrier
     assert real.iterations == sim.iterations == 6
     assert all(p.poll() is not None for p in real.runtime.procs.values())  # every role process ended
@@ -55,8 +55,14 @@ def test_runtime_local_needs_a_network_transport_and_a_shipping_scheduler():
     registry.load_plugins()
     with pytest.raises(ConfigError, match=r"transport.name.*transport=mqtt"):
         Job(cfg_for("runtime=local", "scheduler=gpipe", "cluster=uniform"), "/tmp/never")
-    with pytest.raises(ConfigError, match=r"runtime.name.*pipar.*runtime=sim"):
-        Job(cfg_for("runtime=local", "transport=mqtt", "scheduler=pipar"), "/tmp/never")
+    from plugins.schedulers.classic import GPipe
+
+    class SimOnly(GPipe):
+        runtimes = ("sim",)
+
+    job = Job(cfg_for("scheduler=gpipe", "cluster=uniform"), "/tmp/never")
+    with pytest.raises(ConfigError, match=r"runtime.name.*runs on runtime=sim; got runtime=local"):
+        SimOnly(job.cfg.scheduler, job.context).check_runtime("local")
 
 
 def _children(pid: int) -> list[int]:
@@ -120,7 +126,7 @@ def test_link_emulation_prices_transfers_as_size_over_bandwidth_plus_latency(tmp
     payload arrives size/bandwidth + latency after it was sent (within 10%)."""
     from omegaconf import open_dict
 
-    from framework.runtime.local import LocalContext
+    from framework.runtime.role_process import LocalContext
     from plugins.transports.broker import Broker
 
     cfg = cfg_for("runtime=local", "transport=mqtt", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=2", "model=mlp",
@@ -136,14 +142,14 @@ def test_link_emulation_prices_transfers_as_size_over_bandwidth_plus_latency(tmp
             await ta.start("emul", "stage0")
             await tb.start("emul", "stage1")
             t_ref = time.time()
-            a = LocalContext("stage0", {"stage0": "dev0", "stage1": "dev1"}, job, ta, t_ref, cfg.runtime)
+            a = LocalContext("stage0", {"stage0": "dev0", "stage1": "dev1"}, job.cluster, job.compressor, ta, t_ref, cfg.runtime)
             got = []
             for i in range(3):
                 x = torch.zeros((1 << 20) // 4 - 64)  # 1 MiB with the wire header
-                t0 = a.now
+                t0 = a.now()
                 a.send("stage1", "act", x)
                 y = await tb.recv("stage0", "act", timeout=30)
-                got.append(a.now - t0)
+                got.append(a.now() - t0)
                 assert abs(len(y) - (1 << 20)) < 256
             a.close()
             await ta.close()
@@ -155,21 +161,24 @@ def test_link_emulation_prices_transfers_as_size_over_bandwidth_plus_latency(tmp
         assert abs(dt - expected) / expected < 0.10, (got, expected)
 
 
-def test_remote_roles_join_with_the_printed_commands(tmp_path):
-    cmd = [sys.executable, "-m", "framework", "runtime=remote", "transport=mqtt", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=2",
-           "model=mlp", "dataset=synthetic_mnist", "train.epochs=1", "train.iterations_per_epoch=3", "runtime.progress=false", "tracking=none",
+@pytest.mark.parametrize("sched,roles", [(["scheduler=gpipe", "cluster=uniform", "model=mlp"], ["stage0", "stage1"]),
+                                         (["scheduler=pipar", "cluster=pipar_wifi", "model=lenet", "dataset.n_train=200", "train.batch_size=20"], ["dev0", "dev1", "srv0", "srv1", "fed"])], ids=["gpipe", "pipar"])
+def test_remote_roles_join_with_the_printed_commands(tmp_path, sched, roles):
+    cmd = [sys.executable, "-m", "framework", "runtime=remote", "transport=mqtt", *sched, "cluster.num_devices=2",
+           "dataset=synthetic_mnist", "train.epochs=1", "train.iterations_per_epoch=3", "runtime.progress=false", "tracking=none",
            f"hydra.run.dir={tmp_path / 'run'}"]
     coord = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers = []
     try:
         lines = []
-        while len(lines) < 2:  # the coordinator prints one command per role
+        while len(lines) < len(roles):  # the coordinator prints one command per role
             line = coord.stderr.readline()
             assert line, "coordinator ended before printing the worker commands"
             if line.strip().startswith("python -m framework.worker"):
                 lines.append(line.split())
+        assert sorted(a.split("=", 1)[1] for argv in lines for a in argv if a.startswith("role=")) == sorted(roles)
         for argv in lines:
-            assert any(a.startswith("role=stage") for a in argv) and any(a.startswith("runtime.run_id=") for a in argv)
+            assert any(a.startswith("runtime.run_id=") for a in argv)
             workers.append(subprocess.Popen([sys.executable, *argv[1:]], cwd=ROOT))
         out, err = coord.communicate(timeout=180)
     finally:
@@ -177,8 +186,8 @@ def test_remote_roles_join_with_the_printed_commands(tmp_path):
             if p.poll() is None:
                 p.kill()
     assert coord.returncode == 0, err
-    assert "gpipe:" in out and (tmp_path / "run" / "summary.json").exists()
-    assert [w.wait(30) for w in workers] == [0, 0]
+    assert f"{sched[0].split('=')[1]}:" in out and (tmp_path / "run" / "summary.json").exists()
+    assert [w.wait(30) for w in workers] == [0] * len(roles)
 
 
 def test_missing_remote_roles_are_named_when_the_join_times_out(tmp_path):

@@ -15,7 +15,7 @@ from framework.cluster import Cluster, Work, host_profile
 from framework.config import ClusterConfig
 from framework.errors import ConfigError, DeadlockError, WireError
 from framework.models import UnitModel
-from framework.runtime.base import RoleSpec
+from framework.scheduler import ProgramRole as RoleSpec
 from framework.runtime.sim import SimRuntime
 from framework.compression import Compressor
 
@@ -59,7 +59,7 @@ def test_deadlock_is_reported_with_what_each_role_waits_on():
 
     rt = SimRuntime(None, c, Compressor())
     with pytest.raises(DeadlockError, match=r"a waits on recv 'x' from b; b waits on recv 'y' from a"):
-        rt.run({"a": RoleSpec("dev0", a), "b": RoleSpec("dev1", b)})
+        rt.run_roles({"a": RoleSpec("dev0", a), "b": RoleSpec("dev1", b)})
 
 
 # ---- links ---------------------------------------------------------------------------------
@@ -76,10 +76,10 @@ def _send_times(c, sizes, src="dev0", dst="dev1", reliable=True):
     async def receiver(ctx):
         for _ in sizes:
             got = await ctx.recv("tx", "t", timeout=1e6)
-            arrivals.append((ctx.now, None if got is None else got.numel() * 4))
+            arrivals.append((ctx.now(), None if got is None else got.numel() * 4))
 
     rt = SimRuntime(None, c, Compressor())
-    rt.run({"tx": RoleSpec(src, sender), "rx": RoleSpec(dst, receiver)})
+    rt.run_roles({"tx": RoleSpec(src, sender), "rx": RoleSpec(dst, receiver)})
     return arrivals, rt
 
 
@@ -103,11 +103,11 @@ def test_full_duplex_links_vs_shared_medium():
             async def p(ctx):
                 ctx.send(other, "t", torch.zeros(1000))
                 await ctx.recv(other, "t")
-                done[me] = ctx.now
+                done[me] = ctx.now()
 
             return p
 
-        SimRuntime(None, c, Compressor()).run({"a": RoleSpec("dev0", prog("a", "b")), "b": RoleSpec("dev1", prog("b", "a"))})
+        SimRuntime(None, c, Compressor()).run_roles({"a": RoleSpec("dev0", prog("a", "b")), "b": RoleSpec("dev1", prog("b", "a"))})
         return max(done.values())
 
     one = wire.encoded_size({"x": torch.zeros(1000)}) * 8 / 1e6

@@ -1,12 +1,15 @@
-"""What a role program sees: the role context.
+"""What a role program sees (the role context), and what a runtime is.
 
-A scheduler plugin is a set of role programs, `async def program(ctx)`, each bound to a
-device. They talk only through this interface, so the same program runs on the virtual clock
-(`runtime=sim`) and, later, as real processes over a real transport:
+A scheduler plugin is a set of roles (framework.scheduler.Role), each bound to a device. Role
+programs talk only through this interface, so the same program runs on the virtual clock
+(`runtime=sim`) and as real processes over a real transport (`runtime=local`/`remote`):
 
     out = await ctx.compute(work, fn, *args)   # run fn; the device's time model prices `work`
     ctx.send(dst_role, tag, tensor)            # non-blocking; the link carries the bytes
-    x = await ctx.recv(src_role, tag)          # FIFO per (src, dst, tag)
+    x = await ctx.recv(src_role, tag)          # FIFO per (src, dst, tag); PeerLost if src died
+    t = ctx.now()                              # seconds since the run started (virtual on sim)
+    await ctx.sleep(dt); await ctx.sleep_until(t)
+    await ctx.barrier("sync", roles)           # every role in `roles` arrives before any leaves
     await ctx.end_epoch(epoch)                 # barrier of all roles; evaluation runs there
     ctx.iteration_done(epoch, it, samples)     # one role marks training progress
     ctx.report_train(loss_sum, correct, n)     # training loss/accuracy of a (micro-)batch
@@ -15,25 +18,28 @@ device. They talk only through this interface, so the same program runs on the v
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from framework.cluster import Work
+from framework.errors import PipelabError
 
 
-@dataclass
-class RoleSpec:
-    device: str
-    program: Callable[["RoleContext"], Awaitable[None]]
+class PeerLost(PipelabError):
+    """`recv` from a role that a real runtime lost (its process died) and whose messages so far
+    have all been delivered. Only roles the scheduler declares optional can be lost without
+    failing the run."""
+
+    def __init__(self, role: str):
+        super().__init__(f"role {role} was lost")
+        self.role = role
 
 
 class RoleContext(ABC):
     role: str
     device_name: str
 
-    @property
     @abstractmethod
     def now(self) -> float:
         """Seconds since the run started (virtual on the simulator)."""
@@ -48,7 +54,27 @@ class RoleContext(ABC):
 
     @abstractmethod
     async def recv(self, src: str, tag: str, timeout: float | None = None):
-        ...
+        """The next message from `src` under `tag`; None after `timeout`; PeerLost if `src` is gone."""
+
+    @abstractmethod
+    async def sleep_until(self, t: float) -> None:
+        """Wait until the run's clock reads `t` (returns at once if it is past)."""
+
+    async def sleep(self, dt: float) -> None:
+        await self.sleep_until(self.now() + max(0.0, dt))
+
+    async def barrier(self, name: str, roles: Iterable[str]) -> None:
+        """Wait until every role in `roles` (this one included) has reached barrier `name`.
+
+        Built from messages (one tiny packet to each other member, then one from each), so it
+        costs what it costs on the links, on either clock. Call it with the same `name` and
+        member set in every member; use a fresh name (e.g. with the epoch) for each crossing."""
+        others = [r for r in roles if r != self.role]
+        flag = torch.zeros(1, dtype=torch.uint8)
+        for r in others:
+            self.send(r, f"barrier.{name}", flag)
+        for r in others:
+            await self.recv(r, f"barrier.{name}")
 
     @abstractmethod
     async def end_epoch(self, epoch: int) -> None:
@@ -61,3 +87,47 @@ class RoleContext(ABC):
     @abstractmethod
     def report_train(self, loss_sum: float, correct: int, n: int) -> None:
         ...
+
+
+class RuntimeHooks:
+    """What a runtime tells the job about. The default does nothing.
+
+    `states()` returns the roles' `state()` at that epoch end (gathered only when asked)."""
+
+    def on_iteration(self, epoch: int, iteration: int, samples: int, now: float) -> None: ...
+
+    def on_train(self, loss_sum: float, correct: int, n: int) -> None: ...
+
+    def on_epoch_end(self, epoch: int, now: float, states: Callable[[], dict[str, dict]]) -> None: ...
+
+
+class Runtime(ABC):
+    """Runs a scheduler's roles to the end. Afterwards: `timeline` (every compute interval and
+    transfer), `final_states` (each role's last `state()`), `role_stats` (each role's
+    `stats()`), `dropouts` (optional roles lost on the way) and `messages_lost`."""
+
+    def __init__(self, cfg, cluster, codec, hooks: RuntimeHooks | None = None, *, network=None, run_config=None):
+        """`network`: the run's transport (real runtimes need one); `run_config`: the whole
+        config, which real runtimes ship to their role processes."""
+        from framework.timeline import Timeline
+
+        self.cfg = cfg
+        self.network = network
+        self.run_config = run_config
+        self.cluster = cluster
+        self.codec = codec
+        self.hooks = hooks or RuntimeHooks()
+        self.timeline = Timeline()
+        self.final_states: dict[str, dict] = {}
+        self.role_stats: dict[str, dict] = {}
+        self.dropouts: list[dict] = []
+        self.process_stats: dict[str, dict] = {}  # real runtimes: each role process's start-up and peak memory
+        self.messages_lost = 0
+
+    def prepare(self, scheduler) -> None:
+        """Checks that need the scheduler, before the run starts (config errors fail here)."""
+        scheduler.check_runtime(self.cfg.name)
+
+    @abstractmethod
+    def run(self, scheduler) -> float:
+        """Run every role program to the end; returns the makespan in seconds."""

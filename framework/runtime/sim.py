@@ -19,8 +19,7 @@ import torch
 from framework.clock import VirtualClockLoop, run_virtual
 from framework.cluster import Cluster, Work
 from framework.errors import ConfigError
-from framework.runtime.base import RoleContext, RoleSpec
-from framework.timeline import Timeline
+from framework.runtime.base import PeerLost, RoleContext, Runtime, RuntimeHooks  # noqa: F401  (RuntimeHooks re-exported)
 
 
 class _DeviceQueue:
@@ -73,9 +72,12 @@ class SimContext(RoleContext):
         self.device = runtime.cluster.device(device_name)
         self.waiting_on: tuple = ("starting",)
 
-    @property
     def now(self) -> float:
         return self.rt.loop.time()
+
+    async def sleep_until(self, t: float) -> None:
+        self.waiting_on = ("sleep", t)
+        await self.rt.loop.sleep_until(t)
 
     async def compute(self, work: Work, fn: Callable | None = None, *args, iteration=-1, microbatch=-1, group=-1, **kwargs) -> Any:
         rt = self.rt
@@ -87,7 +89,7 @@ class SimContext(RoleContext):
             t0 = time.perf_counter()
             result = fn(*args, **kwargs) if fn is not None else None
             wall = time.perf_counter() - t0
-            duration = self.device.time(work, wall)
+            duration = self.device.duration(work, start, wall)
             self.waiting_on = ("compute", work.kind)
             if duration > 0:
                 await rt.loop.sleep(duration)
@@ -114,40 +116,31 @@ class SimContext(RoleContext):
 
     async def end_epoch(self, epoch: int) -> None:
         self.waiting_on = ("epoch", epoch)
-        await self.rt.barrier(("epoch", epoch), lambda: self.rt.hooks.on_epoch_end(epoch, self.now))
+        rt = self.rt
+        await rt.barrier(("epoch", epoch), lambda: rt.hooks.on_epoch_end(epoch, self.now(), rt.states))
 
     def iteration_done(self, epoch: int, iteration: int, samples: int) -> None:
-        self.rt.hooks.on_iteration(epoch, iteration, samples, self.now)
+        self.rt.hooks.on_iteration(epoch, iteration, samples, self.now())
 
     def report_train(self, loss_sum: float, correct: int, n: int) -> None:
         self.rt.hooks.on_train(loss_sum, correct, n)
 
 
-class RuntimeHooks:
-    """What the runtime tells the job about. The default does nothing."""
-
-    def on_iteration(self, epoch: int, iteration: int, samples: int, now: float) -> None: ...
-
-    def on_train(self, loss_sum: float, correct: int, n: int) -> None: ...
-
-    def on_epoch_end(self, epoch: int, now: float) -> None: ...
-
-
-class SimRuntime:
+class SimRuntime(Runtime):
     """Runs role programs on the virtual clock."""
 
-    def __init__(self, cfg, cluster: Cluster, codec, hooks: RuntimeHooks | None = None):
-        self.cfg = cfg
-        self.cluster = cluster
-        self.codec = codec  # encode(tensors, iteration, microbatch) -> bytes; decode(bytes) -> Packet
-        self.hooks = hooks or RuntimeHooks()
-        self.timeline = Timeline()
+    def __init__(self, cfg, cluster: Cluster, codec, hooks: RuntimeHooks | None = None, **kwargs):
+        super().__init__(cfg, cluster, codec, hooks, **kwargs)  # codec: encode(tensors, ...) -> bytes; decode(bytes) -> Packet
         self.loop: VirtualClockLoop | None = None
         self.contexts: dict[str, SimContext] = {}
+        self.roles: dict = {}
         self.device_queues = {name: _DeviceQueue(dev.slots) for name, dev in cluster.devices.items()}
         self._mailboxes: dict = defaultdict(_Mailbox)
         self._barriers: dict = {}
-        self.messages_lost = 0
+
+    def states(self) -> dict[str, dict]:
+        """Every role's state now (they all live in this process; no copies are made)."""
+        return {r: st for r, role in self.roles.items() if (st := role.state())}
 
     def mailbox(self, src: str, dst: str, tag: str) -> _Mailbox:
         return self._mailboxes[(src, dst, tag)]
@@ -231,27 +224,38 @@ class SimRuntime:
             "compute": lambda: f"{what[-1]} on {ctx.device_name}",
             "recv": lambda: f"recv {what[1]!r} from {what[2]}",
             "epoch": lambda: f"the end of epoch {what[1]}",
+            "sleep": lambda: f"sleep until {what[1]:.6f}s",
         }.get(what[0], lambda: what[0])()
 
     def describe_pending(self) -> str:
         waits = "; ".join(f"{r} waits on {self._describe_wait(c)}" for r, c in self.contexts.items() if c.waiting_on != ("done",))
         return f"deadlock at virtual time {self.loop.time():.6f}s: {waits}"
 
-    def run(self, roles: dict[str, RoleSpec]) -> float:
-        """Run every role program to the end; returns the virtual makespan in seconds."""
-        for role, spec in roles.items():
-            self.contexts[role] = SimContext(self, role, spec.device)
-            self.timeline.add_role(role)
+    def run(self, scheduler) -> float:
+        """Build every role of `scheduler` and run them to the end; returns the virtual makespan."""
+        roles = {r: scheduler.build_role(r) for r in scheduler.role_devices()}
+        try:
+            return self.run_roles(roles)
+        finally:
+            self.final_states = self.states()
+            self.role_stats = {r: role.stats() for r, role in roles.items()}
+
+    def run_roles(self, roles: dict) -> float:
+        """Run these roles (name -> framework.scheduler.Role) to the end; returns the virtual makespan."""
+        self.roles = roles
+        for name, role in roles.items():
+            self.contexts[name] = SimContext(self, name, role.device)
+            self.timeline.add_role(name)
 
         async def main():
             self.loop = asyncio.get_running_loop()
 
-            async def wrap(role, spec):
-                ctx = self.contexts[role]
-                await spec.program(ctx)
+            async def wrap(name, role):
+                ctx = self.contexts[name]
+                await role.run(ctx)
                 ctx.waiting_on = ("done",)
 
-            await asyncio.gather(*(wrap(r, s) for r, s in roles.items()))
+            await asyncio.gather(*(wrap(n, r) for n, r in roles.items()))
             return self.loop.time()
 
         return run_virtual(main(), describe_pending=self.describe_pending)

@@ -1,1 +1,1 @@
-from plugins.schedulers import classic, collaborative  # noqa: F401
+from plugins.schedulers import classic, collaborative, sl  # noqa: F401

@@ -7,31 +7,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.config import SchedulerConfig
+from framework.config import PipelineConfig
 from framework.errors import ConfigError
 from framework.pipeline import STEP, B, F, PipelineScheduler, one_f_one_b
 from framework.registry import register
 
 
 @dataclass
-class LocalConfig(SchedulerConfig):
+class LocalConfig(PipelineConfig):
     name: str = "local"
 
 
 @dataclass
-class GPipeConfig(SchedulerConfig):
+class GPipeConfig(PipelineConfig):
     name: str = "gpipe"
     microbatches: int = 4
 
 
 @dataclass
-class OneFOneBConfig(SchedulerConfig):
+class OneFOneBConfig(PipelineConfig):
     name: str = "1f1b"
     microbatches: int = 4
 
 
 @dataclass
-class PipeDreamConfig(SchedulerConfig):
+class PipeDreamConfig(PipelineConfig):
     name: str = "pipedream"
 
 

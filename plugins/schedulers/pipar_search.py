@@ -11,26 +11,28 @@ from __future__ import annotations
 
 import torch
 
-from framework import registry
-from framework.runtime.base import RoleSpec
 from framework.runtime.sim import SimRuntime
+from framework.scheduler import ProgramRole
 from framework.stage import Stage
 
 
-def trial_iteration(sched, k: int, P: int, N: int) -> float:
-    """Virtual seconds of one timing-only PiPar iteration of device k with (P, N), alone."""
-    from plugins.schedulers.collaborative import SERVER, serve_iteration, split_iteration
+def trial_iteration(planner, k: int, P: int, N: int) -> float:
+    """Virtual seconds of one timing-only PiPar iteration of device k with (P, N), alone.
 
-    job = sched.job
-    cl = job.cluster
+    `planner`: a pipar_planner.Planner (or anything with its ctx, devices, B and Q)."""
+    from plugins.schedulers.split_roles import SERVER, serve_iteration, split_iteration
+
+    ctx = planner.ctx
+    cl = ctx.cluster
+    sched = planner
     dev = sched.devices[k]
     links = [cl.link(dev, SERVER), cl.link(SERVER, dev)]
     saved = [(ln.channel.free_at, ln.rng.getstate()) for ln in links]
     b = max(1, sched.B // N)
-    train = job.cfg.train
-    dev_st = Stage(job.model, 0, P, train, numerics=False)
-    srv_st = Stage(job.model, P, sched.Q, train, numerics=False)
-    x = torch.empty((b, *job.model.input_shape), dtype=job.dtype, device="meta")
+    train = ctx.cfg.train
+    dev_st = Stage(ctx.model, 0, P, train, numerics=False)
+    srv_st = Stage(ctx.model, P, sched.Q, train, numerics=False)
+    x = torch.empty((b, *ctx.model.input_shape), dtype=ctx.dtype, device="meta")
     y = torch.empty((b,), dtype=torch.int64, device="meta")
     xs, ys = [x] * N, [y] * N
 
@@ -43,8 +45,8 @@ def trial_iteration(sched, k: int, P: int, N: int) -> float:
     try:
         for ln in links:
             ln.channel.free_at = 0.0
-        runtime = SimRuntime(job.cfg.runtime, cl, registry.build("compressor", job.cfg.compressor))
-        return runtime.run({"dev": RoleSpec(dev, device), "srv": RoleSpec(SERVER, server)})
+        runtime = SimRuntime(ctx.cfg.runtime, cl, ctx.new_compressor())
+        return runtime.run_roles({"dev": ProgramRole(dev, device), "srv": ProgramRole(SERVER, server)})
     finally:
         for ln, (free_at, state) in zip(links, saved):
             ln.channel.free_at = free_at

@@ -1,0 +1,324 @@
+"""Inside a role process of `runtime=local`/`remote`: one role, its own state, real messages.
+
+`run_role` joins the run through the transport, receives the setup (the run's config, the
+coordinator's plan and the initial weights), builds *only its own role* from the plan (no plan
+search, no other role's stage), runs the role program and reports back. Compute runs in a worker
+thread so the event loop keeps the connection alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Callable
+
+from framework.cluster import Work
+from framework.errors import PipelabError, WireError
+from framework.runtime.base import PeerLost, RoleContext
+from framework.runtime.control import COORDINATOR, CTL, ctl_pack, ctl_unpack
+
+
+class RoleFailed(PipelabError):
+    """A role process died, or its program raised."""
+
+
+class LocalContext(RoleContext):
+    """A role's view of the world in its own process: real clock, real messages."""
+
+    def __init__(self, role: str, role_devices: dict[str, str], cluster, codec, transport, t_ref: float, rt_cfg, role_obj=None):
+        self.role = role
+        self.role_obj = role_obj  # the framework.scheduler.Role this process runs (its state goes out at epoch ends)
+        self.role_devices = role_devices  # every role's device: which link a message takes
+        self.device_name = role_devices[role]
+        self.cluster = cluster
+        self.device = cluster.device(self.device_name)
+        self.codec = codec
+        self.t = transport
+        self.t_ref = t_ref
+        self.cfg = rt_cfg
+        self.timeline: list[list] = []
+        self.timeline_sent = 0  # intervals already reported at an epoch end
+        self.stats = {"dropped": 0, "lost": 0}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"compute-{role}")
+        self._outboxes: dict[str, _Outbox] = {}
+        self._pending_bytes = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._lost: dict[str, asyncio.Event] = {}
+        self.error: BaseException | None = None
+        transport.on_status(self._on_status)
+
+    def _on_status(self, role: str, state: str) -> None:
+        if state == "lost" and role != self.role:
+            self._lost_event(role).set()
+
+    def _lost_event(self, role: str) -> asyncio.Event:
+        ev = self._lost.get(role)
+        if ev is None:
+            ev = self._lost[role] = asyncio.Event()
+        return ev
+
+    def now(self) -> float:
+        return time.time() - self.t_ref
+
+    async def sleep_until(self, t: float) -> None:
+        dt = t - self.now()
+        if dt > 0:
+            await asyncio.sleep(dt)
+
+    async def compute(self, work: Work, fn: Callable | None = None, *args, iteration=-1, microbatch=-1, group=-1, **kwargs) -> Any:
+        while self._pending_bytes > self.cfg.max_pending_bytes:  # back-pressure from the network
+            self._drained.clear()
+            await self._drained.wait()
+        self._raise()
+        start = self.now()
+        t0 = time.perf_counter()
+        result = await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args, **kwargs)) if fn is not None else None
+        wall = time.perf_counter() - t0
+        if self.cfg.emulate_compute:
+            extra = self.device.duration(work, start, wall) - wall
+            if extra > 0:
+                await asyncio.sleep(extra)
+        self.timeline.append(["c", self.role, work.kind, start, self.now(), iteration, microbatch, group])
+        return result
+
+    def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True) -> None:
+        self._raise()
+        if dst in self._lost and self._lost[dst].is_set():
+            return  # nobody will read it
+        tensors = tensor if isinstance(tensor, dict) else {"x": tensor}
+        data, nbytes, raw = self.codec.encode(tensors, src=self.role, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
+        self._enqueue(dst, (self.now(), tag, data, nbytes, raw, iteration, microbatch, reliable))
+
+    def _enqueue(self, dst: str, item: tuple, emulate: bool | None = None) -> None:
+        """Hand one message to `dst`'s outbox (made on first use); it counts as pending until sent."""
+        box = self._outboxes.get(dst)
+        if box is None:
+            box = self._outboxes[dst] = _Outbox(self, dst, emulate)
+        self._pending_bytes += len(item[2])
+        box.put(item)
+
+    def _sent(self, n: int) -> None:
+        self._pending_bytes -= n
+        if self._pending_bytes <= self.cfg.max_pending_bytes:
+            self._drained.set()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    async def _next(self, src: str, tag: str, timeout: float | None):
+        """The next raw message from src; PeerLost once src is lost and nothing more is queued."""
+        lost = self._lost_event(src)
+        if not lost.is_set():
+            get = asyncio.ensure_future(self.t.recv(src, tag, timeout))
+            gone = asyncio.ensure_future(lost.wait())
+            done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if get in done:
+                gone.cancel()
+                return get.result()
+            get.cancel()
+        try:  # what src sent before it died is still delivered
+            return await self.t.recv(src, tag, 0.2)
+        except asyncio.TimeoutError:
+            raise PeerLost(src) from None
+
+    async def recv(self, src: str, tag: str, timeout: float | None = None):
+        while True:
+            try:
+                data = await self._next(src, tag, timeout)
+            except asyncio.TimeoutError:
+                return None
+            try:
+                packet = self.codec.decode(data, src=src, dst=self.role, tag=tag, copy=False)
+            except WireError:
+                self.stats["dropped"] += 1  # never executed, only counted
+                continue
+            t = packet.tensors
+            return t["x"] if set(t) == {"x"} else t
+
+    async def _ctl(self, header: dict, tensors: dict | None = None) -> None:
+        await self.t.send(COORDINATOR, CTL, ctl_pack(header, tensors))
+
+    def new_intervals(self) -> list[list]:
+        out = self.timeline[self.timeline_sent :]
+        self.timeline_sent = len(self.timeline)
+        return out
+
+    async def end_epoch(self, epoch: int) -> None:
+        await self.flush()
+        state = self.role_obj.state() if self.role_obj is not None else {}
+        await self._ctl({"kind": "epoch", "epoch": epoch, "now": self.now(), "timeline": self.new_intervals()}, state or None)
+        while True:
+            h, _ = ctl_unpack(await self.t.recv(COORDINATOR, "go"))
+            if h.get("epoch") == epoch:
+                break
+        self.codec.set_epoch(epoch + 1)  # epoch-scheduled bit widths, as the coordinator's
+
+    def iteration_done(self, epoch: int, iteration: int, samples: int) -> None:
+        self._spawn_ctl({"kind": "it", "epoch": epoch, "iteration": iteration, "samples": samples, "now": self.now()})
+
+    def report_train(self, loss_sum: float, correct: int, n: int) -> None:
+        self._spawn_ctl({"kind": "train", "loss_sum": float(loss_sum), "correct": int(correct), "n": int(n)})
+
+    def _spawn_ctl(self, header: dict) -> None:
+        # progress goes out in call order, through the coordinator's outbox (never link-emulated)
+        data = ctl_pack(header)
+        self._enqueue(COORDINATOR, (self.now(), CTL, data, len(data), len(data), -1, -1, True), emulate=False)
+
+    async def flush(self) -> None:
+        for box in list(self._outboxes.values()):
+            await box.drain()
+        await self.t.flush()
+        self._raise()
+
+    def close(self) -> None:
+        for box in self._outboxes.values():
+            box.task.cancel()
+        self._pool.shutdown(wait=False)
+
+
+class _Outbox:
+    """Messages from one role to one destination, in order. With link emulation each message
+    is released when the cluster's link model says it arrives (the sim's FIFO channel, run on
+    the real clock: bandwidth, latency, loss and retransmission)."""
+
+    def __init__(self, ctx: LocalContext, dst: str, emulate: bool | None = None):
+        self.ctx, self.dst = ctx, dst
+        emulate = ctx.cfg.emulate_links if emulate is None else emulate
+        dst_device = ctx.role_devices.get(dst)  # None for the coordinator
+        self.link = ctx.cluster.link(ctx.device_name, dst_device) if emulate and dst_device else None
+        self.name = f"{ctx.device_name}->{dst_device or dst}"
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.task = asyncio.create_task(self._run())
+
+    def put(self, item) -> None:
+        self.idle.clear()
+        self.queue.put_nowait(item)
+
+    async def drain(self) -> None:
+        await self.idle.wait()
+
+    async def _run(self) -> None:
+        ctx = self.ctx
+        try:
+            while True:
+                t_sent, tag, data, nbytes, raw, it, mb, reliable = await self.queue.get()
+                if self.link is not None:
+                    attempts, arrival = self.link.schedule(nbytes, max(t_sent, ctx.now()), reliable)
+                    wait = (arrival if arrival is not None else attempts[-1][1]) - ctx.now()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    for i, (s, e) in enumerate(attempts):
+                        lost = i < len(attempts) - 1 or arrival is None
+                        ctx.timeline.append(["t", self.name, s, e, nbytes, it, mb, "lost" if lost else "send", raw])
+                    if arrival is None:
+                        ctx.stats["lost"] += 1
+                    else:
+                        await ctx.t.send(self.dst, tag, data)
+                else:
+                    start = ctx.now()
+                    await ctx.t.send(self.dst, tag, data)
+                    if tag != CTL:
+                        ctx.timeline.append(["t", self.name, start, ctx.now(), nbytes, it, mb, "send", raw])
+                ctx._sent(len(data))
+                if self.queue.empty():
+                    self.idle.set()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # the role sees it at its next send or compute
+            ctx.error = e
+            ctx._drained.set()
+            self.idle.set()
+
+
+async def run_role(transport, run_id: str, role: str, build: Callable[[dict, dict], Any]) -> int:
+    """A role process: join, get the setup, run the role program, report. Returns an exit code.
+
+    `build(config, plan)` returns (SchedulerContext, Scheduler) for this role."""
+    coordinator_lost = asyncio.Event()
+    transport.on_status(lambda r, s: coordinator_lost.set() if r == COORDINATOR and s == "lost" else None)
+    await transport.start(run_id, role)
+    joined_s = process_age_s()  # interpreter start, imports and connecting
+    ctx = None
+    try:
+        await transport.publish_status("ready")
+        header, weights = ctl_unpack(await _or_lost(transport.recv(COORDINATOR, "setup"), coordinator_lost))
+        # building takes a while on a small device: off the event loop, which must keep the
+        # connection alive (a loop blocked past the keepalive reads as a dead role to the broker)
+        t_build = time.perf_counter()
+        sctx, sched, role_obj = await _or_lost(asyncio.to_thread(_build_role, build, header, weights, role), coordinator_lost)
+        process = {"joined_s": joined_s, "build_s": time.perf_counter() - t_build}
+        devices = sched.role_devices()
+        ctx = LocalContext(role, devices, sctx.cluster, sctx.compressor, transport, header["t_ref"], sctx.cfg.runtime, role_obj)
+        await _or_lost(role_obj.run(ctx), coordinator_lost)
+        await ctx.flush()
+        process["peak_rss_mib"] = peak_rss_mib()
+        result = {"kind": "result", "timeline": ctx.new_intervals(), "stats": ctx.stats, "role_stats": role_obj.stats(), "process": process, "end": ctx.now()}
+        await ctx._ctl(result, role_obj.state() or None)
+        await transport.close()
+        return 0
+    except _CoordinatorLost:
+        print(f"role {role}: the coordinator is gone; stopping", file=sys.stderr)
+        return 3
+    except BaseException as e:
+        tb = "".join(traceback.format_exception(e))
+        print(f"role {role} failed:\n{tb}", file=sys.stderr)
+        try:
+            await asyncio.wait_for(transport.send(COORDINATOR, CTL, ctl_pack({"kind": "error", "traceback": tb[-4000:]})), 5)
+            await asyncio.wait_for(transport.close(), 5)
+        except BaseException:
+            pass
+        return 1
+    finally:
+        if ctx is not None:
+            ctx.close()
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc), None elsewhere."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
+
+
+def _build_role(build, header: dict, weights: dict | None, role: str):
+    sctx, sched = build(header["config"], header["plan"])
+    devices = sched.role_devices()
+    if role not in devices:
+        raise RoleFailed(f"no role {role!r} in this run; roles: {', '.join(devices)}")
+    if weights:
+        sctx.model.load_state_dict(weights)  # the coordinator's initial model, whatever this host's RNG
+    return sctx, sched, sched.build_role(role)
+
+
+class _CoordinatorLost(Exception):
+    pass
+
+
+async def _or_lost(coro, lost: asyncio.Event):
+    task = asyncio.ensure_future(coro)
+    waiter = asyncio.ensure_future(lost.wait())
+    done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        waiter.cancel()
+        return task.result()
+    task.cancel()
+    raise _CoordinatorLost()

@@ -1,0 +1,51 @@
+"""A model's unit range as flat vectors: what crosses a link when split models are exchanged.
+
+`UnitLayout` lays every unit's floating parameters and floating buffers (BatchNorm statistics)
+end to end, so the device part [0, P) and the server part [P, Q) of a split model concatenate into
+the complete model's vectors, and averaging or shipping a part is one tensor per kind.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class UnitLayout:
+    """Offsets of each unit's float parameters ("p") and buffers ("b") in flat vectors."""
+
+    def __init__(self, model):
+        self.p_off, self.b_off = [0], [0]
+        for u in model.units:
+            self.p_off.append(self.p_off[-1] + sum(p.numel() for p in u.parameters()))
+            self.b_off.append(self.b_off[-1] + sum(b.numel() for b in u.buffers() if b.is_floating_point()))
+
+    @staticmethod
+    def tensors(model, a: int, b: int, what: str):
+        for u in model.units[a:b]:
+            if what == "p":
+                yield from u.parameters()
+            else:
+                yield from (x for x in u.buffers() if x.is_floating_point())
+
+    def flat(self, model, a: int, b: int, dtype, numerics: bool) -> dict:
+        """Units [a, b) as {"p": params, "b": buffers}; shapes only (meta) in timing-only runs."""
+        if not numerics:
+            return {
+                "p": torch.empty(self.p_off[b] - self.p_off[a], dtype=dtype, device="meta"),
+                "b": torch.empty(self.b_off[b] - self.b_off[a], dtype=dtype, device="meta"),
+            }
+        out = {}
+        for what in ("p", "b"):
+            ts = [t.detach().reshape(-1) for t in self.tensors(model, a, b, what)]
+            out[what] = torch.cat(ts) if ts else torch.empty(0, dtype=dtype)
+        return out
+
+    def load(self, model, a: int, b: int, flat: dict) -> None:
+        """Copy {"p", "b"} vectors of units [a, b) into `model`."""
+        with torch.no_grad():
+            for what in ("p", "b"):
+                vec, i = flat[what], 0
+                for t in self.tensors(model, a, b, what):
+                    n = t.numel()
+                    t.copy_(vec[i : i + n].view_as(t))
+                    i += n

@@ -1,0 +1,182 @@
+"""Choosing each device's (P, N): PiPar's selection (Section III-C) wired to a run's parts.
+
+The math (Table I's DAG, Eq. 14, the shortlist) is in `pipar_plan`; the exhaustive "Opt" search
+in `pipar_search`; the trial-refined selection in `pipar_refine`. `Planner` prices a device-server
+pair from the predictor, the links and the real packet sizes, and picks a plan per device:
+
+- `select=auto`: the paper's method, profile one iteration, closed-form N(P), argmin of the
+  estimated epoch (cost: one profiling iteration, profile up, plan down);
+- `select=exhaustive`: one timing-only trial iteration per (P, N), the paper's "Opt";
+- `select=refine`: auto's shortlist, then trial iterations of the few best candidates around it.
+
+The coordinator plans once and ships the plans (`DevicePlan.as_dict`) to every role; only the
+server role plans again, when a device's bandwidth changes (re-selection).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from framework.cluster import Work
+from plugins.schedulers import pipar_plan as plan_mod
+
+SERVER = "server"
+SELECT = ("auto", "exhaustive", "refine")
+
+
+@dataclass
+class DevicePlan:
+    P: int
+    N: int
+    micro_batch: int
+    predicted_iter_s: float
+    predicted_epoch_s: float
+    shortlist: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DevicePlan":
+        return cls(**d)
+
+
+class Planner:
+    """Plans for the K devices of one collaborative run (`kind` in pipar, fl, sfl, sl)."""
+
+    def __init__(self, cfg, ctx, kind: str, shards):
+        self.cfg, self.ctx, self.kind = cfg, ctx, kind
+        self.K = int(ctx.cluster.cfg.num_devices)
+        self.devices = [f"dev{k}" for k in range(self.K)]
+        self.Q = len(ctx.model)
+        self.B = int(ctx.cfg.train.batch_size)
+        self.dtype = ctx.dtype
+        self.shards = shards
+        # an estimation-only compressor: pricing packets must not touch the run's codec state
+        self._est_compressor = ctx.new_compressor()
+        self._packet_cache: dict = {}
+        self._srv_prof = None
+        self.trial_cost = 0.0  # virtual seconds of trial iterations run by exhaustive/refine
+
+    def p_range(self) -> range:
+        qmax = self.cfg.max_device_units if self.cfg.max_device_units is not None else self.Q - 1
+        return range(1, min(qmax, self.Q - 1) + 1) if self.Q > 1 else range(1, 2)
+
+    def fixed_plan(self) -> tuple[int | None, int | None]:
+        """(P, N) this kind of scheduler pins (None = choose)."""
+        if self.kind == "fl":
+            return self.Q, 1
+        if self.kind in ("sfl", "sl"):
+            return self.cfg.P, 1
+        return self.cfg.P, self.cfg.N
+
+    # ---- pricing ------------------------------------------------------------------------------
+
+    def packet_bytes(self, tag: str, P: int, b: int) -> int:
+        """Bytes on the link of one micro-batch of b samples cut after unit P."""
+        key = (tag, P, b)
+        if key not in self._packet_cache:
+            shape = (b, *self.ctx.model.infos[P - 1].out_shape)
+            tensors = {"x": torch.empty(shape, dtype=self.dtype, device="meta")}
+            if tag == "act":
+                tensors["y"] = torch.empty((b,), dtype=torch.int64, device="meta")
+            _, size, _ = self._est_compressor.encode(tensors, src="est", dst="est", tag=tag)
+            self._packet_cache[key] = size
+        return self._packet_cache[key]
+
+    def codec_seconds(self, kind: str, tag: str, P: int, b: int) -> float:
+        shape = (b, *self.ctx.model.infos[P - 1].out_shape)
+        return self._est_compressor.codec_seconds(kind, tag, {"x": torch.empty(shape, dtype=self.dtype, device="meta")}, 0.0)
+
+    def pair_model(self, k: int, now: float = 0.0) -> plan_mod.PairModel:
+        cl, pred = self.ctx.cluster, self.ctx.predictor
+        dev = plan_mod.profile_side(pred, cl.device(self.devices[k]), self.Q, self.B)
+        up, down = cl.link(self.devices[k], SERVER), cl.link(SERVER, self.devices[k])
+        return plan_mod.PairModel(dev, self.server_profile(), self.Q, up.bandwidth_at(now), down.bandwidth_at(now), up.cfg.latency_s, down.cfg.latency_s, self.packet_bytes, self.codec_seconds)
+
+    def server_profile(self) -> plan_mod.SideProfile:
+        if self._srv_prof is None:
+            self._srv_prof = plan_mod.profile_side(self.ctx.predictor, self.ctx.cluster.device(SERVER), self.Q, self.B)
+        return self._srv_prof
+
+    def device_profile_s(self, k: int, now: float = 0.0) -> float:
+        """What re-profiling costs the device: one iteration of its most units at batch B."""
+        return self.pair_model(k, now).dev.iteration_s(max(self.p_range()))
+
+    # ---- choosing -----------------------------------------------------------------------------
+
+    def _signature(self, k: int):
+        """Devices with equal compute, links and shard size get equal plans (one search each)."""
+        cl = self.ctx.cluster
+        up, down = cl.link(self.devices[k], SERVER), cl.link(SERVER, self.devices[k])
+        return (repr(cl.device(self.devices[k]).cfg), repr(up.cfg), repr(down.cfg), len(self.shards[k]))
+
+    def choose_plans(self) -> list[DevicePlan]:
+        plans, memo = [], {}
+        for k in range(self.K):
+            sig = self._signature(k)
+            if sig not in memo:
+                memo[sig] = self.choose_plan(k)
+            plans.append(memo[sig])
+        return plans
+
+    def choose_plan(self, k: int, now: float = 0.0, method: str | None = None) -> DevicePlan:
+        P, N = self.fixed_plan()
+        pair = self.pair_model(k, now)
+        n = len(self.shards[k])
+        est = self.cfg.estimator
+        method = method or self.cfg.select
+        if P is not None and N is not None:
+            c = plan_mod.candidate(pair, P, N, self.B, n, est)
+            return DevicePlan(P, N, c.micro_batch, c.iter_s, c.epoch_s, [c.as_dict()])
+        p_range = [P] if P is not None else list(self.p_range())
+        if method == "exhaustive":
+            from plugins.schedulers.pipar_search import exhaustive
+
+            best, trials = exhaustive(self, k, p_range, [N] if N is not None else None)
+            self.trial_cost += sum(t["iter_s"] for t in trials)
+            return DevicePlan(best["P"], best["N"], best["micro_batch"], best["iter_s"], best["epoch_s"], trials)
+        if method == "refine":
+            from plugins.schedulers.pipar_refine import refine, trial_cost
+            from plugins.schedulers.pipar_search import trial_iteration
+
+            best, trials = refine(pair, self.B, n, p_range, lambda P_, N_: trial_iteration(self, k, P_, N_), fixed_n=N, clamp=self.cfg.n_clamp, estimator=est)
+            self.trial_cost += trial_cost(trials)
+            return DevicePlan(best["P"], best["N"], best["micro_batch"], best["iter_s"], best["epoch_s"], trials)
+        best, shortlist = plan_mod.select_auto(pair, self.B, n, p_range, fixed_n=N, clamp=self.cfg.n_clamp, estimator=est)
+        return DevicePlan(best.P, best.N, best.micro_batch, best.iter_s, best.epoch_s, [c.as_dict() for c in shortlist])
+
+    def search_cost(self) -> float:
+        """Virtual seconds the selection costs before training: auto profiles one iteration on
+        every device and the server at once, then ships the profile up and the plan down;
+        exhaustive trains one iteration per candidate, one after another; refine pays auto's
+        profiling and then its trials."""
+        P, N = self.fixed_plan()
+        if P is not None and N is not None:
+            return 0.0
+        profile = max(self.profile_cost(k) for k in range(self.K))
+        if self.cfg.select == "exhaustive":
+            return self.trial_cost
+        if self.cfg.select == "refine":
+            return profile + self.trial_cost
+        return profile
+
+    def profile_cost(self, k: int, now: float = 0.0) -> float:
+        pair = self.pair_model(k, now)
+        qmax = max(self.p_range())
+        dev_s = pair.dev.iteration_s(qmax)
+        srv_s = pair.srv.iteration_s(self.Q)
+        prof_bytes = 8 * 3 * self.Q + 64  # three float64 per unit and a header
+        up = 0.0 if math.isinf(pair.up_bps) else 8 * prof_bytes / pair.up_bps
+        down = 0.0 if math.isinf(pair.down_bps) else 8 * 64 / pair.down_bps
+        return max(dev_s, srv_s) + up + pair.lat_up + down + pair.lat_down
+
+    def server_profile_s(self) -> float:
+        return self.server_profile().iteration_s(self.Q)
+
+
+def profile_work(seconds: float) -> Work:
+    return Work("profile", seconds=seconds)

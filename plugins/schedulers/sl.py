@@ -1,0 +1,113 @@
+"""Vanilla split learning (Gupta & Raskar), PiPar's slowest baseline: `scheduler=sl`.
+
+Devices train one after another: device k trains its shard's iterations (N = 1) against the one
+server model, then hands its device-side model to the server, which passes it on to device k+1
+with the `turn` message. No averaging; the paper leaves SL out of its experiments as too slow.
+Roles: `dev<k>` (its copy of units [0, P)) and `server` (units [P, Q) of the one server model,
+and the latest device part, which together are the model evaluated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework import registry
+from framework.errors import ConfigError
+from framework.scheduler import Role
+from framework.stage import Stage
+from plugins.schedulers.collaborative import CollabConfig, Collaborative
+from plugins.schedulers.pipar_planner import SERVER
+from plugins.schedulers.split_roles import own_copy, serve_iteration, split_iteration
+
+
+@dataclass
+class SLConfig(CollabConfig):
+    name: str = "sl"
+
+
+class SLDevice(Role):
+    def __init__(self, sched, k: int):
+        self.sched, self.k = sched, k
+        self.device = sched.devices[k]
+        self.plan = sched.plans[k]
+        self.model = own_copy(sched)
+        self.stage = Stage(self.model, 0, self.plan.P, sched.ctx.cfg.train, numerics=sched.numerics)
+        self.it = 0
+
+    async def run(self, ctx) -> None:
+        s, k, P = self.sched, self.k, self.plan.P
+        for epoch in range(s.ctx.cfg.train.epochs):
+            if epoch or k:
+                msg = await ctx.recv("server", "turn")
+                if s.numerics:
+                    s.layout.load(self.model, 0, P, msg)
+            for xs, ys in s.iteration_batches(k, epoch, self.plan):
+                await split_iteration(ctx, self.stage, "server", self.it, xs, ys, s.numerics)
+                self.it += 1
+                ctx.iteration_done(epoch, self.it, sum(len(y) for y in ys))
+            ctx.send("server", "handoff", s.layout.flat(self.model, 0, P, s.dtype, s.numerics), iteration=self.it)
+            await ctx.end_epoch(epoch)
+
+
+class SLServer(Role):
+    def __init__(self, sched):
+        self.sched = sched
+        self.device = SERVER
+        self.model = own_copy(sched)
+        self.P = sched.plans[0].P
+        self.stage = Stage(self.model, self.P, sched.Q, sched.ctx.cfg.train, numerics=sched.numerics)
+
+    def state(self) -> dict:
+        return {k: v.detach() for k, v in self.model.state_dict().items()} if self.sched.numerics else {}
+
+    async def run(self, ctx) -> None:
+        s = self.sched
+        latest, served = None, 0
+        for epoch in range(s.ctx.cfg.train.epochs):
+            for k in range(s.K):
+                if latest is not None:
+                    ctx.send(f"dev{k}", "turn", latest, iteration=served)
+                for _ in range(s.num_iterations(k, s.plans[k])):
+                    p = s.plans[k]
+                    await serve_iteration(ctx, self.stage, f"dev{k}", p.N, 1.0 / (p.N * p.micro_batch), served, s.numerics)
+                    served += 1
+                latest = await ctx.recv(f"dev{k}", "handoff")
+            if s.numerics:
+                s.layout.load(self.model, 0, self.P, latest)
+            await ctx.end_epoch(epoch)
+
+
+@registry.register("scheduler", "sl", schema=SLConfig, doc="vanilla split learning: N = 1, one server model, devices train in turn")
+class SL(Collaborative):
+    kind = "sl"
+
+    def _check_config(self) -> None:
+        super()._check_config()
+        if self.cfg.N not in (None, 1):
+            raise ConfigError("scheduler.N", f"sl trains one batch at a time (N = 1), got {self.cfg.N}")
+        if self.cfg.failures:
+            raise ConfigError("scheduler.failures", "sl hands one model from device to device; disconnects are modelled for pipar, fl and sfl")
+        if self.cfg.dp_sigma > 0:
+            raise ConfigError("scheduler.dp_sigma", "DP noise on uploaded models applies to pipar, fl and sfl (sl uploads none)")
+
+    def adjust_plans(self, plans):
+        return [plans[0]] * self.K if len({p.P for p in plans}) != 1 else plans  # one device model travels
+
+    def _server_roles(self):
+        return {"server": list(range(self.K))}
+
+    def role_devices(self) -> dict[str, str]:
+        return {**{f"dev{k}": self.devices[k] for k in range(self.K)}, "server": SERVER}
+
+    def build_role(self, role: str):
+        if role == "server":
+            return SLServer(self)
+        if role.startswith("dev") and role[3:].isdigit():
+            return SLDevice(self, int(role[3:]))
+        raise KeyError(f"no role {role!r}; roles: {', '.join(self.role_devices())}")
+
+    def optional_roles(self) -> set[str]:
+        return set()  # the model travels through every device: losing one ends the run
+
+    def aggregates(self, epoch: int) -> bool:
+        return False

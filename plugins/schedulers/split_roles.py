@@ -1,0 +1,347 @@
+"""The roles of PiPar, FL and SFL: devices, server-side trainers and the aggregator.
+
+Each role owns its state and learns everything else from messages:
+
+- `DeviceRole` (dev<k>): its copy of units [0, P), its iteration count, its plan. Trains its
+  shard (split iterations with the server, or whole-model iterations for FL), uploads its part at
+  each aggregation round, takes the global model back.
+- `ServerRole` (srv<k>, or `server` serving several devices in turn): a replica of units [P, Q)
+  per device it serves (or one shared model, SFL's `server_model=shared`). Re-plans a device's
+  (P, N) when told to (re-selection), as in the paper the server decides.
+- `FedRole` (fed, on the server): the global model. Averages the parts that arrive (FedAvg),
+  decides re-selections from link bandwidths, sends every device and replica its slice back.
+
+Per round, for each device k connected at the round's end (config `failures` say who is not):
+dev k -> fed `model` (its part, or nothing if it died); the server role -> fed `served` (1 if
+it served all of k's iterations) and then `model` (its part) if so; fed -> dev k and the server
+role `round` (the re-selection flag), then `global`. Flags travel in their own small messages
+because timing-only packets (`runtime.numerics=false`) carry shapes, not values.
+
+A device whose process dies on a real runtime is seen as `PeerLost` by the server role (it stops
+serving it) and by the aggregator (it leaves it out of this and later rounds): the run goes on.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from framework.cluster import Work
+from framework.runtime.base import PeerLost
+from framework.scheduler import Role
+from framework.stage import Stage
+from plugins.schedulers import pipar_plan as plan_mod
+from plugins.schedulers.fedavg import fedavg
+from plugins.schedulers.pipar_planner import SERVER, DevicePlan, Planner
+
+# ---- one iteration, both sides (also run alone by the exhaustive search's trials) -------------
+
+
+async def split_iteration(ctx, st: Stage, server_role: str, it: int, xs, ys, numerics: bool) -> None:
+    """Alg. 1, one iteration on the device: N forwards, each activation uploaded with its labels
+    as soon as it exists; then the N backwards in order as the gradients come back; one step."""
+    for n, (x, y) in enumerate(zip(xs, ys)):
+        a = await ctx.compute(st.fwd_work(len(x)), st.forward, x, n, iteration=it, microbatch=n)
+        y = y if numerics else torch.empty(y.shape, dtype=y.dtype, device="meta")
+        ctx.send(server_role, "act", {"x": a, "y": y}, iteration=it, microbatch=n)
+    for n, x in enumerate(xs):
+        g = await ctx.recv(server_role, "grad")
+        await ctx.compute(st.bwd_work(len(x)), st.backward, n, g, iteration=it, microbatch=n)
+    await ctx.compute(st.step_work(), st.step, iteration=it)
+
+
+async def serve_iteration(ctx, st: Stage, device_role: str, n_mb: int, loss_scale: float, it: int, numerics: bool) -> None:
+    """Alg. 2, one iteration on the server: per micro-batch as it arrives, forward, loss (scaled
+    by 1/(N B'), so the N gradients sum to the mini-batch mean), backward, gradient back; one
+    step after the N-th."""
+    for n in range(n_mb):
+        msg = await ctx.recv(device_role, "act")
+        a, y = msg["x"], msg["y"]
+        out = await ctx.compute(st.fwd_work(a.shape[0]), st.forward, a, n, y, loss_scale, iteration=it, microbatch=n)
+        if numerics:
+            ctx.report_train(*out)
+        g = await ctx.compute(st.bwd_work(a.shape[0]), st.backward, n, iteration=it, microbatch=n)
+        ctx.send(device_role, "grad", g, iteration=it, microbatch=n)
+    await ctx.compute(st.step_work(), st.step, iteration=it)
+
+
+async def local_iteration(ctx, st: Stage, it: int, xs, ys, numerics: bool) -> None:
+    """FL: forward, loss, backward and step of the whole model on the device."""
+    total = sum(len(y) for y in ys)
+    for n, (x, y) in enumerate(zip(xs, ys)):
+        out = await ctx.compute(st.fwd_work(len(x)), st.forward, x, n, y, 1.0 / total, iteration=it, microbatch=n)
+        if numerics:
+            ctx.report_train(*out)
+        await ctx.compute(st.bwd_work(len(x)), st.backward, n, iteration=it, microbatch=n)
+    await ctx.compute(st.step_work(), st.step, iteration=it)
+
+
+def own_copy(sched):
+    """A role's private copy of the initial model (timing-only runs share the untouched one)."""
+    return copy.deepcopy(sched.ctx.model) if sched.numerics else sched.ctx.model
+
+
+def plan_tensor(p: DevicePlan) -> torch.Tensor:
+    return torch.tensor([p.P, p.N, p.micro_batch], dtype=torch.int64)
+
+
+# ---- the roles ---------------------------------------------------------------------------------
+
+
+class DeviceRole(Role):
+    def __init__(self, sched, k: int):
+        self.sched, self.k = sched, k
+        self.device = sched.devices[k]
+        self.plan = sched.plans[k]
+        self.model = own_copy(sched)
+        self.stage = Stage(self.model, 0, self.plan.P, sched.ctx.cfg.train, numerics=sched.numerics)
+        self.it = 0
+
+    @property
+    def server(self) -> str | None:
+        return self.sched.server_role_of(self.k) if self.plan.P < self.sched.Q else None
+
+    async def run(self, ctx) -> None:
+        s, k = self.sched, self.k
+        for epoch in range(s.ctx.cfg.train.epochs):
+            n_it, connected = s.active_iterations(k, epoch, self.plan)
+            its = s.iteration_batches(k, epoch, self.plan)[:n_it]
+            for xs, ys in its:
+                if self.server is None:
+                    await local_iteration(ctx, self.stage, self.it, xs, ys, s.numerics)
+                else:
+                    await split_iteration(ctx, self.stage, self.server, self.it, xs, ys, s.numerics)
+                self.it += 1
+                ctx.iteration_done(epoch, self.it, sum(len(y) for y in ys))
+            if s.aggregates(epoch):
+                if connected:
+                    await self.upload(ctx, n_samples=sum(len(y) for _, ys in its for y in ys))
+                flag = await ctx.recv("fed", "round")
+                if int(flag[0]):
+                    await self.reselect(ctx)
+                msg = await ctx.recv("fed", "global")
+                if s.numerics:
+                    s.layout.load(self.model, 0, self.plan.P, msg)
+            await ctx.end_epoch(epoch)
+
+    async def upload(self, ctx, n_samples: int) -> None:
+        """The device part of the model goes to the aggregator, with optional DP noise."""
+        s = self.sched
+        P = self.plan.P
+        flat = s.layout.flat(self.model, 0, P, s.dtype, s.numerics)
+        if s.cfg.dp_sigma > 0:
+            # noise generation costs about one pass over the parameters: priced as an optimizer step
+            seconds = s.ctx.cluster.device(self.device).time(Work("step", 0, P))
+            flat = await ctx.compute(Work("dp_noise", seconds=seconds), self._dp_noise, flat)
+        flat["n"] = torch.tensor([float(n_samples)], dtype=torch.float64)
+        ctx.send("fed", "model", flat, iteration=self.it)  # labelled after the device's last iteration
+
+    def _dp_noise(self, flat: dict) -> dict:
+        """Classic DP on the uploaded device model (the notes' decision 15): clip the parameter
+        vector to `dp_clip` (if set), then add N(0, (dp_sigma * C)^2), C = dp_clip or 1. An
+        overhead study; no privacy accounting is claimed."""
+        s = self.sched
+        if not s.numerics:
+            return flat
+        p = flat["p"]
+        clip = s.cfg.dp_clip
+        if clip is not None:
+            norm = float(p.norm())
+            if norm > clip:
+                p = p * (clip / norm)
+        g = torch.Generator().manual_seed(s.ctx.cfg.seed * 1_000_003 + 7 * self.k + self.it)
+        noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+        return {**flat, "p": p + noise * (s.cfg.dp_sigma * (clip or 1.0))}
+
+    async def reselect(self, ctx) -> None:
+        """Full profile (the paper's accounting): one profiling iteration of the device's units at
+        batch B, profile up, plan down. Training pauses meanwhile."""
+        s = self.sched
+        server = s.server_role_of(self.k)
+        if s.cfg.reselect_mode == "full_profile":
+            prof = plan_mod.profile_side(s.ctx.predictor, s.ctx.cluster.device(self.device), s.Q, s.B)
+            await ctx.compute(Work("profile", seconds=prof.iteration_s(s.max_device_units())), iteration=self.it)
+            ctx.send(server, "profile", torch.zeros(3 * s.Q, dtype=torch.float64), iteration=self.it)
+        P, N, mb = (int(v) for v in await ctx.recv(server, "plan"))
+        if P != self.plan.P:
+            self.stage = Stage(self.model, 0, P, s.ctx.cfg.train, numerics=s.numerics)  # the cut moves
+        self.plan = DevicePlan(P, N, mb, self.plan.predicted_iter_s, self.plan.predicted_epoch_s)
+
+
+class ServerRole(Role):
+    """Server-side training for the devices `ks`, one at a time, each on its own replica (or one
+    shared model)."""
+
+    def __init__(self, sched, name: str, ks: list[int], shared: bool = False):
+        self.sched, self.name, self.ks = sched, name, ks
+        self.device = SERVER
+        self.plans = {k: sched.plans[k] for k in ks}
+        self.shared = shared
+        if shared:
+            model = own_copy(sched)
+            self.models = {k: model for k in ks}
+            stage = Stage(model, self.plans[ks[0]].P, sched.Q, sched.ctx.cfg.train, numerics=sched.numerics)
+            self.stages = {k: stage for k in ks}
+        else:
+            self.models = {k: own_copy(sched) for k in ks}
+            self.stages = {k: self._stage(k) for k in ks}
+        self.served = {k: 0 for k in ks}  # iterations served per device (timeline labels)
+        self.gone: set[int] = set()  # devices lost on a real runtime
+        self.reselections: list[dict] = []
+        self._planner: Planner | None = None
+
+    def _stage(self, k: int) -> Stage:
+        return Stage(self.models[k], self.plans[k].P, self.sched.Q, self.sched.ctx.cfg.train, numerics=self.sched.numerics)
+
+    def stats(self) -> dict:
+        return {"reselections": self.reselections, "lost_devices": sorted(self.gone)}
+
+    async def run(self, ctx) -> None:
+        s = self.sched
+        for epoch in range(s.ctx.cfg.train.epochs):
+            counts = {k: s.active_iterations(k, epoch, self.plans[k])[0] for k in self.ks}
+            done = {k: 0 for k in self.ks}
+            for it in range(max(counts.values(), default=0)):
+                for k in self.ks:  # one device at a time (a role serves its devices in turn)
+                    if it < counts[k] and k not in self.gone:
+                        try:
+                            await self.serve(ctx, k)
+                            done[k] += 1
+                        except PeerLost:
+                            self.gone.add(k)  # its iterations end here; the run goes on
+            if s.aggregates(epoch):
+                for k in self.ks:
+                    if s.active_iterations(k, epoch, self.plans[k])[1]:
+                        ok = k not in self.gone and done[k] == counts[k]
+                        ctx.send("fed", "served", torch.tensor([1 if ok else 0], dtype=torch.int64))
+                        if ok:
+                            st = self.stages[k]
+                            ctx.send("fed", "model", s.layout.flat(st.model, st.start, s.Q, s.dtype, s.numerics))
+                for k in self.ks:
+                    flag = await ctx.recv("fed", "round")
+                    if int(flag[0]):
+                        await self.reselect(ctx, k)
+                for k in self.ks:
+                    msg = await ctx.recv("fed", "global")
+                    st = self.stages[k]
+                    if s.numerics:
+                        s.layout.load(st.model, st.start, s.Q, msg)
+            await ctx.end_epoch(epoch)
+
+    async def serve(self, ctx, k: int) -> None:
+        p = self.plans[k]
+        await serve_iteration(ctx, self.stages[k], f"dev{k}", p.N, 1.0 / (p.N * p.micro_batch), self.served[k], self.sched.numerics)
+        self.served[k] += 1
+
+    async def reselect(self, ctx, k: int) -> None:
+        """Re-plan device k at the current bandwidths (select=auto, as the paper re-selects)."""
+        s = self.sched
+        if self._planner is None:
+            self._planner = Planner(s.cfg, s.ctx, s.kind, s.shards)
+        old = self.plans[k]
+        try:
+            if s.cfg.reselect_mode == "full_profile":
+                await ctx.compute(Work("profile", seconds=self._planner.server_profile_s()), iteration=self.served[k])
+                await ctx.recv(f"dev{k}", "profile")
+            new = self._planner.choose_plan(k, ctx.now(), method="auto")
+        except PeerLost:
+            self.gone.add(k)
+            new = old
+        self.plans[k] = new
+        if new.P != old.P and not self.shared:
+            self.stages[k] = self._stage(k)  # the replica is whole here: only the cut moves
+        bw = s.bandwidths(k, ctx.now())
+        self.reselections.append({"device": k, "time_s": ctx.now(), "old": [old.P, old.N], "new": [new.P, new.N], "bandwidth_bps": list(bw)})
+        ctx.send(f"dev{k}", "plan", plan_tensor(new), iteration=self.served[k])
+        ctx.send("fed", "plan", plan_tensor(new))
+
+
+class FedRole(Role):
+    """The aggregator: owns the global model; FedAvg over the parts that arrive (Eq. 3)."""
+
+    def __init__(self, sched):
+        self.sched = sched
+        self.device = SERVER
+        self.model = own_copy(sched)
+        self.P = [p.P for p in sched.plans]
+        self.bw_at_plan = [sched.bandwidths(k, 0.0) for k in range(sched.K)]
+        self.lost: set[int] = set()
+        self.rounds: list[dict] = []
+
+    def state(self) -> dict:
+        return {k: v.detach() for k, v in self.model.state_dict().items()} if self.sched.numerics else {}
+
+    def stats(self) -> dict:
+        return {"rounds": self.rounds, "lost_devices": sorted(self.lost)}
+
+    async def run(self, ctx) -> None:
+        s = self.sched
+        for epoch in range(s.ctx.cfg.train.epochs):
+            if s.aggregates(epoch):
+                await self.aggregate(ctx, epoch)
+            await ctx.end_epoch(epoch)
+
+    async def aggregate(self, ctx, epoch: int) -> None:
+        s = self.sched
+        parts, counts, present = [], [], []
+        for k in range(s.K):
+            if not s.active_iterations(k, epoch, s.plans[k])[1]:
+                continue  # disconnected at the round's end (config `failures`)
+            dev = None
+            if k not in self.lost:
+                try:
+                    dev = await ctx.recv(f"dev{k}", "model")
+                except PeerLost:
+                    self.lost.add(k)
+                    dev = None
+            srv = None
+            if self.P[k] < s.Q:
+                served = await ctx.recv(s.server_role_of(k), "served")
+                if int(served[0]):
+                    srv = await ctx.recv(s.server_role_of(k), "model")
+                elif dev is not None:
+                    dev = None  # the server side of its model is incomplete: leave it out
+            if dev is None:
+                continue
+            present.append(k)
+            counts.append(float(dev["n"][0]) if s.numerics else 1.0)  # timing-only packets carry no values
+            parts.append({w: torch.cat([dev[w], srv[w]]) if srv is not None else dev[w] for w in ("p", "b")})
+        seconds = len(present) * s.ctx.cluster.device(SERVER).time(Work("step", 0, s.Q))  # one weighted add per model
+        await ctx.compute(Work("aggregate", seconds=seconds), self.average, parts, counts)
+        self.rounds.append({"epoch": epoch, "devices": present})
+        reselect = self.check_bandwidth(ctx.now())
+        for k in range(s.K):
+            flag = torch.tensor([1 if k in reselect else 0], dtype=torch.int64)
+            if k not in self.lost:
+                ctx.send(f"dev{k}", "round", flag)
+            if self.P[k] < s.Q:
+                ctx.send(s.server_role_of(k), "round", flag)
+        for k in sorted(range(s.K), key=lambda k: k in reselect):  # re-planned devices last
+            if k in reselect:
+                self.P[k] = int((await ctx.recv(s.server_role_of(k), "plan"))[0])
+            P = self.P[k]
+            if k not in self.lost:
+                ctx.send(f"dev{k}", "global", s.layout.flat(self.model, 0, P, s.dtype, s.numerics))
+            if P < s.Q:
+                ctx.send(s.server_role_of(k), "global", s.layout.flat(self.model, P, s.Q, s.dtype, s.numerics))
+
+    def average(self, parts: list[dict], counts: list[float]) -> None:
+        s = self.sched
+        if not s.numerics or not parts or sum(counts) <= 0:
+            return  # nobody trained: the global model stays
+        s.layout.load(self.model, 0, s.Q, fedavg(parts, counts))
+
+    def check_bandwidth(self, now: float) -> set[int]:
+        """Devices whose links changed bandwidth since their plan was made (the emulator tells
+        the framework, the notes' decision 16): they re-select at this epoch boundary."""
+        s = self.sched
+        if not s.cfg.reselect or s.kind == "fl":
+            return set()
+        out = set()
+        for k in range(s.K):
+            bw = s.bandwidths(k, now)
+            if bw != self.bw_at_plan[k] and k not in self.lost:
+                out.add(k)
+                self.bw_at_plan[k] = bw
+        return out
