@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,11 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from framework import registry
+from framework.config import CONF_DIR, yaml_presets
 from framework.errors import PipelabError
-
-
-# an absolute path: Hydra resolves relative ones against the module, which fails under `-m`
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -48,8 +46,12 @@ def app(cfg: DictConfig) -> float | None:
 
 
 def group_choices(group: str) -> list[str]:
-    root = Path(CONF_DIR) / group
-    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+    """What `group=option` may name: the YAML presets in conf/<group>/, and the plugins that
+    registered a schema but ship no YAML (installed from outside this repo)."""
+    choices = set(yaml_presets(group))
+    if group in registry.GROUPS:
+        choices.update(registry.schema_options(group))
+    return sorted(choices)
 
 
 def check_group_overrides(args: list[str]) -> str | None:
@@ -61,7 +63,7 @@ def check_group_overrides(args: list[str]) -> str | None:
             continue
         key, value = arg.split("=", 1)
         group = key.lstrip("+~")
-        if "." in group or not (Path(CONF_DIR) / group).is_dir() or group == "hydra":
+        if "." in group or group == "hydra" or not ((Path(CONF_DIR) / group).is_dir() or group in registry.GROUPS):
             continue
         choices = group_choices(group)
         for option in value.split(","):  # multirun sweeps: a,b,c
@@ -72,9 +74,18 @@ def check_group_overrides(args: list[str]) -> str | None:
 
 
 def main() -> None:
+    try:
+        # plugin schemas must be in the ConfigStore before Hydra composes, and their names known
+        # before the overrides are checked (an installed plugin may bring options with no YAML)
+        registry.load_plugins()
+    except PipelabError as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     if "--plugins" in sys.argv[1:]:
         print(registry.describe())
-        print("\nconfig presets (conf/<group>/*.yaml; pick with group=name):")
+        print("\nconfig options (pick with group=name): conf/<group>/*.yaml presets, and plugins registered with a schema and no YAML")
         for group in registry.GROUPS + ("experiment",):
             print(f"  {group:<11} {', '.join(group_choices(group)) or '-'}")
         return
@@ -82,7 +93,6 @@ def main() -> None:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
-    registry.load_plugins()  # plugin schemas must be in the ConfigStore before Hydra composes
     # --help lists the user-facing groups (not the schema/* groups the YAML files extend)
     OmegaConf.register_new_resolver("pipelab_groups", lambda: "\n".join(f"{g}: {', '.join(group_choices(g))}" for g in registry.GROUPS + ("experiment",)), replace=True)
     app()

@@ -3,7 +3,10 @@
 Plugins register a factory under (group, name); `build(group, cfg, ...)` looks up `cfg.name`
 and calls it. A plugin may also register the dataclass schema that its YAML files extend: it is
 stored in Hydra's ConfigStore as `schema/<group>/<name>`, so that a wrong type or an unknown
-key fails while Hydra composes the config, before anything runs.
+key fails while Hydra composes the config, before anything runs. A schema with no YAML preset of
+its name in conf/<group>/ (a plugin from outside this repo) is also stored as the group option
+`<group>/<name>` itself, so `<group>=<name>` selects it with the schema's defaults; a YAML preset
+keeps precedence (Hydra would merge a same-named ConfigStore entry into it, with a warning).
 
 Built-in plugins live in the `plugins` package; third parties add theirs through the
 `pipelab.plugins` entry-point group (each entry point names a module to import).
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, PipelabError
 
 GROUPS = (
     "model",
@@ -43,6 +46,7 @@ class Entry:
 
 
 _REGISTRY: dict[str, dict[str, Entry]] = {g: {} for g in GROUPS}
+_SCHEMA_OPTIONS: dict[str, set[str]] = {g: set() for g in GROUPS}  # stored as group options (no YAML)
 _loaded = False
 
 
@@ -73,8 +77,25 @@ def register(group: str, name: str, *, schema: type | None = None, doc: str | No
 
 def _store_schema(group: str, name: str, schema: type) -> None:
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
-    ConfigStore.instance().store(group=f"schema/{group}", name=name, node=schema)
+    from framework.config import yaml_presets
+
+    cs = ConfigStore.instance()
+    cs.store(group=f"schema/{group}", name=name, node=schema)
+    if name in yaml_presets(group):
+        return  # the YAML preset is the option; it extends the schema through its defaults list
+    node = OmegaConf.structured(schema)  # typed and closed: a wrong type or unknown key fails
+    if "name" in node.keys():  # (`in` is False for a MISSING value)
+        node.name = name  # `group=name` builds what `name` registered, whatever the schema's default
+    cs.store(group=group, name=name, node=node)
+    _SCHEMA_OPTIONS[group].add(name)
+
+
+def schema_options(group: str) -> list[str]:
+    """Options of `group` that come from a registered schema alone (no YAML preset in conf/)."""
+    load_plugins()
+    return sorted(_SCHEMA_OPTIONS.get(group, ()))
 
 
 def load_plugins() -> None:
@@ -89,7 +110,10 @@ def load_plugins() -> None:
     seen = set()
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         seen.add(ep.value)
-        ep.load()
+        try:
+            ep.load()
+        except Exception as e:
+            raise PipelabError(f"plugin {ep.name} = {ep.value} ('{ENTRY_POINT_GROUP}' entry point) failed to load: {type(e).__name__}: {e}") from e
     if "plugins" not in seen:  # running from a source tree that was not pip-installed
         importlib.import_module("plugins")
 

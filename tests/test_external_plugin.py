@@ -1,0 +1,177 @@
+"""A plugin from outside this repo: an installed package declares a `pipelab.plugins` entry point,
+registers a scheduler with its dataclass schema and ships no YAML; `scheduler=<name>` selects it
+from the command line, with its options typed and checked like a built-in's.
+
+The package is "installed" without pip: a package directory and a `.dist-info` with its entry
+points, side by side on the subprocess's PYTHONPATH, which is all `importlib.metadata` looks for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+PLUGIN = '''
+"""pipelab_ext_demo: a scheduler from outside the pipelab repo."""
+
+from dataclasses import dataclass
+
+from framework.config import SchedulerConfig
+from framework.pipeline import STEP, B, F, PipelineScheduler
+from framework.registry import register
+
+
+@dataclass
+class DemoGPipeConfig(SchedulerConfig):
+    """Demo GPipe from an out-of-tree package."""
+
+    name: str = "demo_gpipe"
+    microbatches: int = 2
+    warmup_note: str = "x"
+    rounds: int = 1
+
+
+@register("scheduler", "demo_gpipe", schema=DemoGPipeConfig)
+class DemoGPipe(PipelineScheduler):
+    def actions(self, stage, num_stages, num_mb):
+        return [F(m) for m in range(num_mb)] + [B(m) for m in range(num_mb)] + [STEP]
+
+
+# the same scheduler under a second name, with the base schema (whose `name` has no default)
+register("scheduler", "demo_plain", schema=SchedulerConfig)(DemoGPipe)
+'''
+
+RUN = ["cluster=uniform", "model=mlp", "train.epochs=1", "train.iterations_per_epoch=2", "tracking=none", "runtime.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """A directory that, put on PYTHONPATH, has `pipelab_ext_demo` installed."""
+    root = tmp_path_factory.mktemp("site")
+    (root / "pipelab_ext_demo").mkdir()
+    (root / "pipelab_ext_demo" / "__init__.py").write_text(PLUGIN)
+    info = root / "pipelab_ext_demo-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pipelab_ext_demo\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[pipelab.plugins]\ndemo = pipelab_ext_demo\n")
+    return root
+
+
+def cli(args, site: Path | None):
+    """`python -m framework args` from the repo root, with `site` (if any) installed."""
+    path = [str(site)] if site else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path + [str(REPO)]), OMP_NUM_THREADS="1")
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", "framework", *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_schema_only_plugin_composes_with_its_defaults(site, tmp_path):
+    res = cli(["scheduler=demo_gpipe", *RUN, "scheduler.rounds=3", "--cfg", "job"], site)
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    sched = text[text.index("scheduler:"):]
+    for line in ("name: demo_gpipe", "microbatches: 2", "warmup_note: x", "rounds: 3", "partition: even"):
+        assert line in sched, (line, text)
+    # a schema whose `name` has no default gets the registered name
+    res = cli(["scheduler=demo_plain", *RUN, "--cfg", "job"], site)
+    assert res.returncode == 0, res.stderr
+    assert "scheduler:\n  name: demo_plain\n  microbatches: 1\n" in res.stdout, res.stdout
+
+
+def test_schema_only_plugin_runs_from_the_cli(site, tmp_path):
+    out = tmp_path / "run"
+    res = cli(["scheduler=demo_gpipe", *RUN, f"hydra.run.dir={out}"], site)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["scheduler"] == "demo_gpipe"
+    assert summary["iterations"] == 2
+    assert "demo_gpipe:" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "override,needles",
+    [
+        ("scheduler.microbatchez=2", ["microbatchez", "DemoGPipeConfig"]),
+        ("scheduler.rounds=many", ["scheduler.rounds", "many"]),
+        ("scheduler.microbatches=abc", ["scheduler.microbatches", "abc"]),
+    ],
+)
+def test_schema_only_plugin_options_are_checked(site, tmp_path, override, needles):
+    res = cli(["scheduler=demo_gpipe", *RUN, override, f"hydra.run.dir={tmp_path / 'run'}"], site)
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr, res.stderr
+    for n in needles:
+        assert n in res.stderr, (n, res.stderr)
+    assert len(res.stderr.strip().splitlines()) <= 12, res.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_plugins_and_help_list_the_schema_only_option(site, tmp_path):
+    res = cli(["--plugins"], site)
+    assert res.returncode == 0, res.stderr
+    assert "Demo GPipe from an out-of-tree package." in res.stdout  # the registry listing
+    presets = res.stdout.split("config options")[1]
+    line = next(x for x in presets.splitlines() if x.strip().startswith("scheduler"))
+    assert "demo_gpipe" in line and "gpipe" in line.replace("demo_gpipe", ""), line
+    res = cli(["--help"], site)
+    assert res.returncode == 0, res.stderr
+    assert "scheduler: 1f1b, demo_gpipe, demo_plain, fl, gpipe, local, pipar, pipedream, sfl, sl" in res.stdout
+    res = cli(["scheduler=nope"], site)
+    assert res.returncode == 2
+    assert res.stderr.strip() == "error: scheduler=nope: no such scheduler; choices: 1f1b, demo_gpipe, demo_plain, fl, gpipe, local, pipar, pipedream, sfl, sl"
+
+
+def test_unknown_option_without_the_plugin_is_one_line(tmp_path):
+    res = cli(["scheduler=nope"], None)
+    assert res.returncode == 2
+    assert res.stderr.strip() == "error: scheduler=nope: no such scheduler; choices: 1f1b, fl, gpipe, local, pipar, pipedream, sfl, sl"
+    res = cli(["scheduler=demo_gpipe"], None)
+    assert res.returncode == 2
+    assert "scheduler=demo_gpipe: no such scheduler" in res.stderr
+
+
+def test_builtin_presets_keep_their_yaml(tmp_path):
+    """A built-in's schema is not stored as a group option: its YAML is the option (a ConfigStore
+    entry of the same name would make Hydra merge the two, with a deprecation warning)."""
+    from hydra.core.config_store import ConfigStore
+
+    from framework import registry
+
+    registry.load_plugins()
+    assert registry.schema_options("scheduler") == []
+    repo = ConfigStore.instance().repo
+    assert "gpipe.yaml" in repo["schema"]["scheduler"]
+    assert "gpipe.yaml" not in repo.get("scheduler", {})
+
+
+def test_a_plugin_that_fails_to_load_is_one_line(tmp_path):
+    bad = tmp_path / "site"
+    (bad / "pipelab_ext_bad").mkdir(parents=True)
+    (bad / "pipelab_ext_bad" / "__init__.py").write_text(
+        textwrap.dedent(
+            """
+            from framework.registry import register
+
+            @register("scheduler", "gpipe")  # the built-in's name, another factory
+            class NotGPipe:
+                pass
+            """
+        )
+    )
+    info = bad / "pipelab_ext_bad-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pipelab_ext_bad\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[pipelab.plugins]\nbad = pipelab_ext_bad\n")
+    res = cli(["--cfg", "job"], bad)
+    assert res.returncode == 2
+    err = res.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "pipelab_ext_bad" in err and "gpipe" in err and "registered twice" in err, err
