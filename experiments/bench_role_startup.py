@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--model", default="vgg5")
     ap.add_argument("--dataset", default="synthetic_cifar10")
     ap.add_argument("--before-tree", type=Path, default=None)
+    ap.add_argument("--roles", default=None, help="comma-separated roles to measure (default: all)")
     args = ap.parse_args()
     ov = ["scheduler=pipar", "cluster=pipar_4g", f"cluster.num_devices={args.devices}", f"model={args.model}", f"dataset={args.dataset}",
           "train.batch_size=100", "runtime.progress=false", "tracking=none"]
@@ -85,8 +86,8 @@ def main() -> None:
         cfg = compose(config_name="config", overrides=ov)
     _, sched = build_scheduler(cfg)
     plan = json.loads(json.dumps(sched.plan()))
-    roles = list(sched.role_devices())
-    print(f"PiPar K={args.devices} {args.model} {args.dataset}: roles {', '.join(roles)}; P={plan['P']} N={plan['N']}")
+    roles = args.roles.split(",") if args.roles else list(sched.role_devices())
+    print(f"PiPar K={args.devices} {args.model} {args.dataset}: roles {', '.join(sched.role_devices())}; P={plan['P']} N={plan['N']}")
     print(f"{'role':<8} {'variant':<7} {'imports s':>9} {'build s':>8} {'peak RSS MiB':>12} {'RSS after imports':>17}")
     for role in roles:
         variants = [("after", ROOT)] + ([("before", args.before_tree)] if args.before_tree else [])

@@ -8,7 +8,8 @@ anywhere that reaches the broker). The coordinator, the `python -m framework` pr
 2. waits for every role to say `ready` (`runtime.join_timeout_s`; the message names the
    missing roles), then sends each its `setup`: the resolved config as JSON, the plan the
    coordinator made (so no role searches or builds another role's state) and the initial
-   model (wire format);
+   model (wire format); once every role has built itself it says `start` with the reference
+   time, so the run's clock (and its makespan and idle times) counts training, not start-up;
 3. relays progress to the job (metrics, progress bar), runs the epoch barrier (every role
    sends its state and its timeline so far, the coordinator evaluates, then says `go`), and
    collects each role's final state, timeline and counters into the one MLflow run and
@@ -140,6 +141,7 @@ class LocalRuntime(Runtime):
         ready_event = asyncio.Event()
         self._events: asyncio.Queue = asyncio.Queue()  # (role, header, tensors) from the roles, and losses
         self._live = set(roles)
+        self._ended: set[str] = set()  # roles whose result arrived
         self._epochs_done = 0
         self._t_ref = time.time()
 
@@ -148,8 +150,8 @@ class LocalRuntime(Runtime):
                 failure.set_exception(RoleFailed(msg))
 
         def lose(role: str, how: str) -> None:
-            if role not in self._live:
-                return
+            if role not in self._live or role in self._ended:
+                return  # a role that reported its result and said goodbye may drop its connection as it likes
             if role not in optional:
                 fail(f"role {role} {how}")
                 return
@@ -165,6 +167,8 @@ class LocalRuntime(Runtime):
                 ready.add(role)
                 if len(ready) == len(roles):
                     ready_event.set()
+            elif state == "done":
+                self._ended.add(role)  # a clean goodbye: whatever happens to its connection next is no loss
             elif state == "lost":
                 lose(role, "was lost (its connection to the broker dropped without a goodbye: the process died or the machine is unreachable)")
 
@@ -183,8 +187,7 @@ class LocalRuntime(Runtime):
             except asyncio.TimeoutError:
                 missing = sorted(set(roles) - ready)
                 raise RoleFailed(f"roles did not join within runtime.join_timeout_s={self.cfg.join_timeout_s:g}s: missing {', '.join(missing)}") from None
-            self._t_ref = time.time()
-            setup = {"kind": "setup", "config": _plain(self.run_config), "plan": scheduler.plan(), "t_ref": self._t_ref, "run_id": self.run_id}
+            setup = {"kind": "setup", "config": _plain(self.run_config), "plan": scheduler.plan(), "run_id": self.run_id}
             packet = ctl_pack(setup, {k: v.detach() for k, v in scheduler.ctx.model.state_dict().items()})
             for role in roles:
                 await t.send(role, "setup", packet)
@@ -234,6 +237,8 @@ class LocalRuntime(Runtime):
                 except WireError:
                     self.dropped += 1
                     continue
+                if header["kind"] == "result":
+                    self._ended.add(role)
                 await events.put((role, header, tensors))
                 if header["kind"] in ("result", "error"):
                     return
@@ -253,12 +258,26 @@ class LocalRuntime(Runtime):
                 for r in sorted(self._live):
                     await t.send(r, "go", ctl_pack({"kind": "go", "epoch": e}))
 
+        async def start_when_built() -> None:
+            """The clock starts once every live role has built itself (start-up is not training)."""
+            nonlocal started
+            if not started and self._live <= built:
+                started = True
+                self._t_ref = time.time()
+                for r in sorted(self._live):
+                    await t.send(r, "start", ctl_pack({"kind": "start", "t_ref": self._t_ref}))
+
+        built: set[str] = set()
+        started = False
         pumps = [asyncio.create_task(pump(r)) for r in roles]
         try:
             while not self._live <= set(results):
                 role, h, tensors = await events.get()
                 kind = h["kind"]
-                if kind == "it":
+                if kind == "built":
+                    built.add(role)
+                    await start_when_built()
+                elif kind == "it":
                     hooks.on_iteration(h["epoch"], h["iteration"], h["samples"], h["now"])
                 elif kind == "train":
                     hooks.on_train(h["loss_sum"], h["correct"], h["n"])
@@ -267,6 +286,7 @@ class LocalRuntime(Runtime):
                     epochs.setdefault(h["epoch"], {})[role] = {"now": h["now"], "state": tensors}
                     await close_epochs()
                 elif kind == "lost":
+                    await start_when_built()
                     await close_epochs()
                 elif kind == "result":
                     self._add_intervals(h["timeline"])

@@ -116,13 +116,9 @@ class LocalContext(RoleContext):
         """The next raw message from src; PeerLost once src is lost and nothing more is queued."""
         lost = self._lost_event(src)
         if not lost.is_set():
-            get = asyncio.ensure_future(self.t.recv(src, tag, timeout))
-            gone = asyncio.ensure_future(lost.wait())
-            done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if get in done:
-                gone.cancel()
-                return get.result()
-            get.cancel()
+            finished, data = await first_or_event(self.t.recv(src, tag, timeout), lost)
+            if finished:
+                return data
         try:  # what src sent before it died is still delivered
             return await self.t.recv(src, tag, 0.2)
         except asyncio.TimeoutError:
@@ -257,7 +253,9 @@ async def run_role(transport, run_id: str, role: str, build: Callable[[dict, dic
         sctx, sched, role_obj = await _or_lost(asyncio.to_thread(_build_role, build, header, weights, role), coordinator_lost)
         process = {"joined_s": joined_s, "build_s": time.perf_counter() - t_build}
         devices = sched.role_devices()
-        ctx = LocalContext(role, devices, sctx.cluster, sctx.compressor, transport, header["t_ref"], sctx.cfg.runtime, role_obj)
+        await transport.send(COORDINATOR, CTL, ctl_pack({"kind": "built"}))
+        start, _ = ctl_unpack(await _or_lost(transport.recv(COORDINATOR, "start"), coordinator_lost))
+        ctx = LocalContext(role, devices, sctx.cluster, sctx.compressor, transport, start["t_ref"], sctx.cfg.runtime, role_obj)
         await _or_lost(role_obj.run(ctx), coordinator_lost)
         await ctx.flush()
         process["peak_rss_mib"] = peak_rss_mib()
@@ -313,12 +311,20 @@ class _CoordinatorLost(Exception):
     pass
 
 
-async def _or_lost(coro, lost: asyncio.Event):
+async def first_or_event(coro, event: asyncio.Event) -> tuple[bool, Any]:
+    """(True, coro's result) if it finishes before `event` is set; else (False, None), cancelled."""
     task = asyncio.ensure_future(coro)
-    waiter = asyncio.ensure_future(lost.wait())
+    waiter = asyncio.ensure_future(event.wait())
     done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
     if task in done:
         waiter.cancel()
-        return task.result()
+        return True, task.result()
     task.cancel()
-    raise _CoordinatorLost()
+    return False, None
+
+
+async def _or_lost(coro, lost: asyncio.Event):
+    finished, result = await first_or_event(coro, lost)
+    if not finished:
+        raise _CoordinatorLost()
+    return result

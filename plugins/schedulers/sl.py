@@ -17,7 +17,7 @@ from framework.scheduler import Role
 from framework.stage import Stage
 from plugins.schedulers.collaborative import CollabConfig, Collaborative
 from plugins.schedulers.pipar_planner import SERVER
-from plugins.schedulers.split_roles import own_copy, serve_iteration, split_iteration
+from plugins.schedulers.split_roles import DeviceRole, own_copy, serve_iteration, split_iteration
 
 
 @dataclass
@@ -25,14 +25,8 @@ class SLConfig(CollabConfig):
     name: str = "sl"
 
 
-class SLDevice(Role):
-    def __init__(self, sched, k: int):
-        self.sched, self.k = sched, k
-        self.device = sched.devices[k]
-        self.plan = sched.plans[k]
-        self.model = own_copy(sched)
-        self.stage = Stage(self.model, 0, self.plan.P, sched.ctx.cfg.train, numerics=sched.numerics)
-        self.it = 0
+class SLDevice(DeviceRole):
+    """A device as PiPar's (its units [0, P), its iterations), in turn instead of side by side."""
 
     async def run(self, ctx) -> None:
         s, k, P = self.sched, self.k, self.plan.P
