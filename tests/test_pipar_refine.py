@@ -196,3 +196,19 @@ def test_refine_on_a_real_timing_only_job(tmp_path):
     assert opt["epoch_s"] / best["epoch_s"] >= 0.96
     cost = plan.profile_cost(k) + trial_cost(mine)
     assert cost <= 0.10 * sum(t["iter_s"] for t in trials)
+
+
+def test_select_refine_from_the_config_plans_and_runs(tmp_path):
+    """scheduler.select=refine goes through the planner: the plan records it, its trials and its
+    search cost (auto's profiling plus the trials), and the run trains with the refined (P, N)."""
+    from framework.job import Job
+
+    ov = ["scheduler=pipar", "runtime.numerics=false", "model=vgg5", "dataset=synthetic_mnist", "dataset.n_train=2000", "train.batch_size=50",
+          "cluster=pipar_4g", "cluster.num_devices=2", "cluster.device.call_overhead_s=0.002", "train.epochs=1"]
+    auto = Job(compose_cfg(ov), tmp_path / "auto")
+    job = Job(compose_cfg(ov + ["scheduler.select=refine"]), tmp_path / "refine")
+    plan = job.scheduler.plan()
+    assert plan["select"] == "refine" and len(plan["shortlist_dev0"]) >= 4
+    assert plan["search_s"] > auto.scheduler.plan()["search_s"] > 0
+    t_auto, t_refine = auto.train(), job.train()
+    assert t_refine < t_auto  # the refined plan's epoch is shorter on the same testbed
