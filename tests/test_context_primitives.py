@@ -8,8 +8,7 @@ import shutil
 import time
 
 import pytest
-import torch
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from framework.cluster import Cluster
 from framework.compression import Compressor

@@ -124,8 +124,6 @@ def test_killing_a_role_fails_the_run_fast_and_leaves_nothing_behind(tmp_path):
 def test_link_emulation_prices_transfers_as_size_over_bandwidth_plus_latency(tmp_path):
     """Two role contexts in one process over the real broker; 10 Mbit/s, 20 ms: each 1 MiB
     payload arrives size/bandwidth + latency after it was sent (within 10%)."""
-    from omegaconf import open_dict
-
     from framework.runtime.role_process import LocalContext
     from plugins.transports.broker import Broker
 

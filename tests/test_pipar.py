@@ -153,7 +153,6 @@ def test_a_device_that_drops_out_is_left_out_and_rejoins_with_the_global_model(t
     job = make_job(tmp_path, ov)
     ref = fedavg_reference(job, [0, 2])
     job.train()
-    sched = job.scheduler
     assert max_diff(job.final_model(), ref) <= 1e-10
     assert max_diff(job.runtime.roles["dev1"].model.units[:2], job.final_model().units[:2]) == 0.0  # its part, P = 2  # rejoined with the latest global model
     links = job.runtime.timeline.link_stats()

@@ -15,7 +15,7 @@ from framework.cluster import Cluster, Work, host_profile
 from framework.config import ClusterConfig
 from framework.errors import ConfigError, DeadlockError, WireError
 from framework.models import UnitModel
-from framework.scheduler import ProgramRole as RoleSpec
+from framework.scheduler import ProgramRole
 from framework.runtime.sim import SimRuntime
 from framework.compression import Compressor
 
@@ -59,7 +59,7 @@ def test_deadlock_is_reported_with_what_each_role_waits_on():
 
     rt = SimRuntime(None, c, Compressor())
     with pytest.raises(DeadlockError, match=r"a waits on recv 'x' from b; b waits on recv 'y' from a"):
-        rt.run_roles({"a": RoleSpec("dev0", a), "b": RoleSpec("dev1", b)})
+        rt.run_roles({"a": ProgramRole("dev0", a), "b": ProgramRole("dev1", b)})
 
 
 # ---- links ---------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def _send_times(c, sizes, src="dev0", dst="dev1", reliable=True):
             arrivals.append((ctx.now(), None if got is None else got.numel() * 4))
 
     rt = SimRuntime(None, c, Compressor())
-    rt.run_roles({"tx": RoleSpec(src, sender), "rx": RoleSpec(dst, receiver)})
+    rt.run_roles({"tx": ProgramRole(src, sender), "rx": ProgramRole(dst, receiver)})
     return arrivals, rt
 
 
@@ -107,7 +107,7 @@ def test_full_duplex_links_vs_shared_medium():
 
             return p
 
-        SimRuntime(None, c, Compressor()).run_roles({"a": RoleSpec("dev0", prog("a", "b")), "b": RoleSpec("dev1", prog("b", "a"))})
+        SimRuntime(None, c, Compressor()).run_roles({"a": ProgramRole("dev0", prog("a", "b")), "b": ProgramRole("dev1", prog("b", "a"))})
         return max(done.values())
 
     one = wire.encoded_size({"x": torch.zeros(1000)}) * 8 / 1e6

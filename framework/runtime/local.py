@@ -20,8 +20,8 @@ anywhere that reaches the broker). The coordinator, the `python -m framework` pr
    declares optional (a PiPar/FL device) may die: the run goes on without it, the survivors
    see `PeerLost` when they wait on it, and the loss is recorded as a dropout.
 
-The role side is framework.runtime.role_process. Optional emulation: `emulate_compute` stretches each computation to what the device's time
-model says; `emulate_links` sends every message through the cluster's link model (token
+The role side is framework.runtime.role_process. Optional emulation: `emulate_compute`
+stretches each computation to what the device's time model (and speed trace) says; `emulate_links` sends every message through the cluster's link model (token
 bucket at the link's bandwidth, its latency, its loss with retransmission) before the
 transport. Control messages are JSON or wire-format tensors, never pickles.
 """

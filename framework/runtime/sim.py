@@ -14,12 +14,10 @@ import time
 from collections import defaultdict, deque
 from typing import Any, Callable
 
-import torch
-
 from framework.clock import VirtualClockLoop, run_virtual
 from framework.cluster import Cluster, Work
 from framework.errors import ConfigError
-from framework.runtime.base import PeerLost, RoleContext, Runtime, RuntimeHooks  # noqa: F401  (RuntimeHooks re-exported)
+from framework.runtime.base import RoleContext, Runtime, RuntimeHooks
 
 
 class _DeviceQueue:
