@@ -24,11 +24,11 @@ from framework.errors import PipelabError
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def app(cfg: DictConfig) -> float | None:
     from framework.job import Job
-    from framework.tracking import parent_run_id
+    from framework.tracking import parent_run_id, sweep_keys
 
     hc = HydraConfig.get()
     try:
-        job = Job(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task), parent_run_id=parent_run_id())
+        job = Job(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task), parent_run_id=parent_run_id(), sweep_keys=sweep_keys())
         summary = job.run()
     except PipelabError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -26,7 +26,6 @@ from framework.tracking import flatten
 from framework.validate import validate
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-KEY_PARAMS = ("train.epochs", "train.batch_size", "train.lr", "train.optimizer", "seed", "scheduler.microbatches", "scheduler.partition", "cluster.num_devices", "runtime.numerics", "runtime.dtype")
 
 
 def _metric_key(name: str) -> str:
@@ -56,8 +55,45 @@ def build_scheduler(cfg, *, role: str | None = None, plan: dict | None = None):
     return ctx, registry.build("scheduler", cfg.scheduler, ctx)
 
 
+STEP_AXIS = "training iterations done"  # every metric's step, epoch-end and end-of-run ones included
+
+
+class _StepLogger:
+    """Logs at one step (the iterations done at an epoch end) and remembers what it logged."""
+
+    def __init__(self, tracker, step: int, last_step: dict):
+        self.tracker, self.step, self.last_step = tracker, step, last_step
+
+    def log_metric(self, key: str, value: float) -> None:
+        self.tracker.log_metric(key, value, self.step)
+        self.last_step[key] = self.step
+
+
+def run_tags() -> dict[str, str]:
+    """Who ran what: MLflow's own tags for the user, the command line and the git commit."""
+    import getpass
+    import subprocess
+
+    tags = {"mlflow.source.name": " ".join(sys.argv)[:5000] or "python", "mlflow.source.type": "LOCAL", "pipelab.step_axis": STEP_AXIS}
+    try:
+        tags["mlflow.user"] = getpass.getuser()
+    except Exception:  # no user name in this environment: leave it out
+        pass
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        if commit.returncode == 0:
+            tags["mlflow.source.git.commit"] = commit.stdout.strip()
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=5)
+            tags["pipelab.git_dirty"] = "true" if dirty.stdout.strip() else "false"
+    except (OSError, subprocess.SubprocessError):
+        pass  # not a git checkout (an installed package): no commit to record
+    return tags
+
+
 class Job(RuntimeHooks):
-    def __init__(self, cfg, out_dir, *, overrides: list[str] | None = None, parent_run_id: str | None = None):
+    def __init__(self, cfg, out_dir, *, overrides: list[str] | None = None, parent_run_id: str | None = None, sweep_keys: set[str] | None = None):
+        """`sweep_keys`: the config keys a multirun varies (they go into the run's name)."""
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.overrides = overrides or []
@@ -84,6 +120,8 @@ class Job(RuntimeHooks):
         self.tracker = None
         self._progress = None
         self._wall0 = time.perf_counter()
+        self._last_step: dict[str, int] = {}  # epoch metrics: the step each was last logged at
+        self.sweep_keys = sweep_keys or set()
 
     # ---- runtime hooks ------------------------------------------------------------------------
 
@@ -96,9 +134,9 @@ class Job(RuntimeHooks):
     def on_iteration(self, epoch, iteration, samples, now):
         # the metric step is the run's own count: roles count their own iterations (several
         # devices train side by side in collaborative schedules)
-        step = self.iterations
         self.samples += samples
         self.iterations += 1
+        step = self.iterations  # the one step axis: training iterations done (see STEP_AXIS)
         loss_sum, correct, n = self._train
         if n:
             self.tracker.log_metric("train/loss", loss_sum / n, step)
@@ -113,37 +151,38 @@ class Job(RuntimeHooks):
             self._progress.update(1)
 
     def on_epoch_end(self, epoch, now, states):
-        tr = self.tracker
+        tr = _StepLogger(self.tracker, self.iterations, self._last_step)
+        tr.log_metric("epoch", epoch)
         epoch_time = now - self._epoch_start
         self._epoch_start = now
-        tr.log_metric("time/epoch_virtual_s", epoch_time, epoch)
-        tr.log_metric("time/wall_s", time.perf_counter() - self._wall0, epoch)
+        tr.log_metric("time/epoch_virtual_s", epoch_time)
+        tr.log_metric("time/wall_s", time.perf_counter() - self._wall0)
         self.history["time/epoch_virtual_s"].append(epoch_time)
         for k, v in self.scheduler.epoch_metrics(epoch, now - epoch_time, now, self.runtime.timeline).items():
-            tr.log_metric(k, v, epoch)
+            tr.log_metric(k, v)
             self.history.setdefault(k, []).append(v)
         loss_sum, correct, n = self._epoch_train
         self._epoch_train = [0.0, 0, 0]
         if n:
-            tr.log_metric("train/epoch_loss", loss_sum / n, epoch)
+            tr.log_metric("train/epoch_loss", loss_sum / n)
             self.history["train/loss"].append(loss_sum / n)
             self._final["train/loss"] = loss_sum / n
             self._final["train/acc"] = correct / n
         if epoch_time > 0:
-            tr.log_metric("throughput/samples_per_s", self.scheduler.samples_per_epoch() / epoch_time, epoch)
+            tr.log_metric("throughput/samples_per_s", self.scheduler.samples_per_epoch() / epoch_time)
         for k, v in self.compressor.epoch_metrics().items():  # bit widths and quantization error
-            tr.log_metric(k, v, epoch)
+            tr.log_metric(k, v)
         self.compressor.set_epoch(epoch + 1)
         if self.numerics:
             vl, va = self.evaluate("val", self.scheduler.eval_model(states()))
-            tr.log_metric("val/loss", vl, epoch)
-            tr.log_metric("val/acc", va, epoch)
+            tr.log_metric("val/loss", vl)
+            tr.log_metric("val/acc", va)
             self.history["val/loss"].append(vl)
             self.history["val/acc"].append(va)
             self._final["val/loss"], self._final["val/acc"] = vl, va
             if self._progress is not None:
                 self._progress.write(f"epoch {epoch}: val/acc {va:.4f}  val/loss {vl:.4f}  epoch {epoch_time:.4g}s {self.clock}")
-        tr.flush()
+        self.tracker.flush()
 
     @torch.no_grad()
     def evaluate(self, split: str, model) -> tuple[float, float]:
@@ -163,22 +202,22 @@ class Job(RuntimeHooks):
     # ---- the run ----------------------------------------------------------------------------
 
     def params(self) -> dict:
-        cfg = OmegaConf.to_container(self.cfg, resolve=True)
-        flat = flatten(cfg)
-        out = {f"{g}": cfg[g]["name"] for g in registry.GROUPS}
-        for k in KEY_PARAMS:
-            if k in flat:
-                out[k] = flat[k]
-        for k, v in flat.items():  # every knob of the chosen scheduler and cluster
-            if k.startswith(("scheduler.", "model.", "dataset.", "compressor.")) and k not in out:
-                out[k] = v
-        return out
+        """Every leaf of the composed config, once, by its dotted name (`scheduler.name`,
+        `cluster.link.bandwidth_bps`, `train.lr`, ...): any knob a sweep varies is comparable."""
+        return flatten(OmegaConf.to_container(self.cfg, resolve=True))
+
+    def run_name(self) -> str:
+        """`<scheduler> <model> <cluster>`, plus the overrides a sweep varies (so siblings differ)."""
+        cfg = self.cfg
+        name = f"{cfg.scheduler.name} {cfg.model.name} {cfg.cluster.name}"
+        swept = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") in self.sweep_keys]
+        return (name + " " + " ".join(swept)).strip()[:250]
 
     def run(self) -> dict:
         cfg = self.cfg
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        run_name = f"{cfg.scheduler.name} {cfg.model.name} {cfg.cluster.name}"
-        self.tracker = registry.build("tracking", cfg.tracking, self.parent_run_id, run_name, {"pipelab.overrides": " ".join(self.overrides) or "(defaults)"})
+        run_name = self.run_name()
+        self.tracker = registry.build("tracking", cfg.tracking, self.parent_run_id, run_name, {"pipelab.overrides": " ".join(self.overrides) or "(defaults)", **run_tags()})
         status = "FAILED"
         self._wall0 = time.perf_counter()
         try:
@@ -241,8 +280,8 @@ class Job(RuntimeHooks):
             metrics[f"util/busy_frac/{r}"] = st["busy_s"] / total if total > 0 else 0.0
             metrics[f"util/idle_s/{r}"] = st["idle_s"]
         for l, st in links.items():
-            metrics[f"net/bytes/{l}"] = st["bytes"]
-            metrics[f"net/raw_bytes/{l}"] = st["raw_bytes"]
+            metrics[f"net/bytes/{_metric_key(l)}"] = st["bytes"]  # MLflow names allow no '>': the same name in summary.json
+            metrics[f"net/raw_bytes/{_metric_key(l)}"] = st["raw_bytes"]
         wire_total = sum(st["bytes"] for st in links.values())
         if wire_total:
             metrics["net/compression_ratio"] = sum(st["raw_bytes"] for st in links.values()) / wire_total
@@ -281,8 +320,8 @@ class Job(RuntimeHooks):
         except Exception as e:  # a plot must never hide the run's real outcome
             print(f"warning: could not draw timeline.png: {e}", file=sys.stderr)
         for k, v in metrics.items():
-            if isinstance(v, (int, float)) and math.isfinite(v):
-                self.tracker.log_metric(_metric_key(k), v, self.iterations)
+            if isinstance(v, (int, float)) and math.isfinite(v) and self._last_step.get(k) != self.iterations:  # once per step
+                self.tracker.log_metric(k, v, self.iterations)
         for name in ("plan.json", "summary.json", "timeline.json", "timeline.png"):
             p = self.out_dir / name
             if p.exists():

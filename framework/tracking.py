@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from framework.config import TrackingConfig
 from framework.registry import register
 
 PARENT_FILE = "mlflow_parent_run_id"
+SWEEP_KEYS_FILE = "sweep_keys.json"
 
 
 def _quiet_mlflow() -> None:
@@ -174,6 +176,7 @@ class MultirunParent(Callback):
         self.run_id = run.info.run_id
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(self.run_id)
+        (sweep_dir / SWEEP_KEYS_FILE).write_text(json.dumps(swept_keys(list(config.hydra.overrides.task))))
         os.environ["PIPELAB_PARENT_RUN_ID"] = self.run_id
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
@@ -186,6 +189,37 @@ class MultirunParent(Callback):
         if self.run_id and self.client is not None:
             self.client.set_terminated(self.run_id, status="FAILED" if self.failed else "FINISHED")
             os.environ.pop("PIPELAB_PARENT_RUN_ID", None)
+
+
+def swept_keys(overrides: list[str]) -> list[str]:
+    """The keys a multirun's overrides sweep: `key=a,b,c` or Hydra's range/choice/interval/glob."""
+    out = []
+    for o in overrides:
+        if "=" not in o:
+            continue
+        key, value = o.split("=", 1)
+        depth, comma = 0, False
+        for ch in value:  # a comma at the top level, not inside [..] or (..)
+            depth += ch in "[({"
+            depth -= ch in "])}"
+            comma |= ch == "," and depth == 0
+        if comma or value.startswith(("range(", "choice(", "interval(", "glob(")):
+            out.append(key.lstrip("+~"))
+    return out
+
+
+def sweep_keys() -> set[str]:
+    """The keys this job's multirun sweeps (empty for a single run)."""
+    run_id = parent_run_id()
+    if run_id is None:
+        return set()
+    from hydra.core.hydra_config import HydraConfig
+
+    f = Path(HydraConfig.get().sweep.dir) / SWEEP_KEYS_FILE
+    try:
+        return set(json.loads(f.read_text()))
+    except (OSError, ValueError):
+        return set()
 
 
 def parent_run_id() -> str | None:

@@ -39,6 +39,8 @@ BAD_INPUTS = [
     (["dataset=fashion_mnist", "dataset.root=/nonexistent/fmnist"], ["dataset-fashion-mnist", "dataset.root"]),
     (["compressor=mbq", "compressor.forward.bits=7"], ["compressor.forward.bits", "1, 2, 3, 4", "7"]),
     (["compressor=mbq", "compressor.backward.codec=zip"], ["compressor.backward.codec", "zip", "stochastic_uniform"]),
+    (["+train.epoch=3"], ["train.epoch: no such key", "did you mean train.epochs"]),  # `+` adds keys no schema declares
+    (["+cluster.device.slowdwn=3"], ["cluster.device.slowdwn", "did you mean cluster.device.slowdown"]),
 ]
 
 
@@ -68,12 +70,21 @@ def test_plugins_flag_lists_registered_names(tmp_path):
 
 def test_run_recorded_in_mlflow_with_params_metrics_artifacts(tmp_path, mlflow_store):
     tracking, client = mlflow_store
-    summary = Job(compose_cfg(tracking + TINY + ["scheduler=gpipe"], fast=False), tmp_path / "run").run()
+    summary = Job(compose_cfg(tracking + TINY + ["scheduler=gpipe", "train.epochs=2"], fast=False), tmp_path / "run").run()
     run = client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED"
-    assert run.data.params["scheduler"] == "gpipe"
-    assert run.data.params["model"] == "lenet"
-    assert run.data.params["scheduler.microbatches"] == "4"
+    params = run.data.params
+    assert params["scheduler.name"] == "gpipe" and params["model.name"] == "lenet" and params["scheduler.microbatches"] == "4"
+    # every leaf of the composed config, once, by its dotted name
+    assert {"cluster.link.bandwidth_bps", "cluster.device.slowdown", "train.momentum", "train.weight_decay", "seed"} <= set(params)
+    assert "scheduler" not in params and "model" not in params
+    tags = run.data.tags
+    assert tags["pipelab.step_axis"] == "training iterations done" and "mlflow.user" in tags and len(tags.get("mlflow.source.git.commit", "x" * 40)) == 40
+    # one step axis: epoch-end metrics sit at the iterations done, end-of-run ones are not repeated
+    hist = client.get_metric_history(run.info.run_id, "val/acc")
+    iters = summary["iterations"]
+    assert [m.step for m in hist] == [iters // 2, iters]
+    assert max(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == iters
     for m in ("train/loss", "val/acc", "test/acc", "time/virtual_s", "time/epoch_virtual_s", "pipe/bubble_frac", "util/busy_frac/stage0", "net/bytes/dev0_to_dev1", "throughput/samples_per_s"):
         assert m in run.data.metrics, m
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -138,7 +149,8 @@ def test_multirun_has_one_parent_and_a_child_per_job(tmp_path, mlflow_store):
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(parents) == 1 and len(children) == 4
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
-    assert {c.data.params["scheduler"] for c in children} == {"local", "gpipe", "1f1b", "pipedream"}
+    assert {c.data.params["scheduler.name"] for c in children} == {"local", "gpipe", "1f1b", "pipedream"}
+    assert len({c.info.run_name for c in children}) == 4  # named by the swept override
     assert all(r.info.status == "FINISHED" for r in runs)
 
 
