@@ -123,6 +123,8 @@ class TrackingConfig:
     flush_every: int = 200  # buffered metrics per batch write
     gantt_iterations: int = 3  # iterations drawn in timeline.png (the trace holds all)
     max_trace_events: int = 200_000
+    optimized_metric: str = "val/acc"  # a sweep's parent run names its best child by this metric
+    optimized_direction: str = "max"  # max | min
 
 
 @dataclass
@@ -179,6 +181,27 @@ def register_resolvers() -> None:
 
     if not OmegaConf.has_resolver("mul"):
         OmegaConf.register_new_resolver("mul", _mul)
+    if not OmegaConf.has_resolver("pipelab_job_dir"):
+        OmegaConf.register_new_resolver("pipelab_job_dir", job_dir_name)
+
+
+def job_dir_name(num, sweep_dir) -> str:
+    """A sweep job's folder: its number and the values of the keys the sweep varies, e.g.
+    `2_cluster.link.bandwidth_bps=1e7` (`hydra.sweep.subdir`), safe as one path component."""
+    import json
+    import re
+    from pathlib import Path
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task)
+        keys = set(json.loads((Path(str(sweep_dir)) / "sweep_keys.json").read_text()))
+    except (ValueError, OSError):  # not in a sweep, or no sweep file: the number alone
+        return str(num)
+    swept = [o.lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~") in keys]
+    name = "_".join([str(num)] + [re.sub(r"[^A-Za-z0-9_.=,+-]", "-", o) for o in swept])
+    return name[:120]
 
 
 def store_schemas() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,13 @@ class MultirunParent(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         if self.run_id and self.client is not None:
+            try:
+                from framework.sweep_summary import summarize_sweep
+
+                _, exp_id = client_and_experiment(config.tracking)
+                summarize_sweep(self.client, exp_id, self.run_id, config.tracking, Path(config.hydra.sweep.dir))
+            except Exception as e:  # the comparison must never hide the sweep's own outcome
+                print(f"warning: could not summarise the sweep on its parent run: {e}", file=sys.stderr)
             self.client.set_terminated(self.run_id, status="FAILED" if self.failed else "FINISHED")
             os.environ.pop("PIPELAB_PARENT_RUN_ID", None)
 

@@ -84,6 +84,8 @@ def validate(cfg) -> None:
         )
     if s.stages is not None:
         _positive(s.stages, "scheduler.stages")
+    if cfg.tracking.get("optimized_direction", "max") not in ("max", "min"):
+        raise ConfigError("tracking.optimized_direction", f"{cfg.tracking.optimized_direction!r} is not a direction; choices: max, min")
     if cfg.runtime.dtype not in DTYPES:
         raise ConfigError("runtime.dtype", f"{cfg.runtime.dtype!r} is not supported; choices: {', '.join(DTYPES)}")
     if cfg.runtime.threads is not None:

@@ -187,3 +187,28 @@ def test_ctrl_c_marks_the_run_failed_and_keeps_outputs(tmp_path, mlflow_store):
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["status"] == "FAILED" and s["iterations"] > 0
     json.loads((tmp_path / "run" / "timeline.json").read_text())
+
+
+def test_a_sweep_is_comparable_in_the_store(tmp_path, mlflow_store):
+    """A 3-job sweep over the link bandwidth: each child carries the swept param with its value,
+    no param twice under two names, distinct names; the parent holds the common params, the best
+    child and the comparison table and plot; job folders are named by the swept value."""
+    tracking, client = mlflow_store
+    sweep = tmp_path / "sweep"
+    res = cli(["-m", "cluster.link.bandwidth_bps=1e6,1e7,1e8", "cluster=uniform", "model=mlp", "tracking.optimized_metric=time/epoch_virtual_s",
+               "tracking.optimized_direction=min", f"hydra.sweep.dir={sweep}", *tracking, *TINY], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = all_runs(client)
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert sorted(float(c.data.params["cluster.link.bandwidth_bps"]) for c in children) == [1e6, 1e7, 1e8]
+    for c in children:
+        assert not any(f"{k}.name" in c.data.params for k in c.data.params)  # `scheduler` and `scheduler.name` never both
+    assert len({c.info.run_name for c in children}) == 3
+    assert parent.data.params["scheduler.name"] == "gpipe" and "cluster.link.bandwidth_bps" not in parent.data.params
+    fastest = min(children, key=lambda c: c.data.metrics["time/epoch_virtual_s"])
+    assert float(fastest.data.params["cluster.link.bandwidth_bps"]) == 1e8
+    assert parent.data.tags["pipelab.best_child_run_id"] == fastest.info.run_id
+    assert parent.data.metrics["best/time/epoch_virtual_s"] == fastest.data.metrics["time/epoch_virtual_s"]
+    assert {"comparison.csv", "comparison.md", "comparison.png"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0_cluster.link.bandwidth_bps=1000000.0", "1_cluster.link.bandwidth_bps=10000000.0", "2_cluster.link.bandwidth_bps=100000000.0"]
