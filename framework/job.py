@@ -22,14 +22,12 @@ from framework.cluster import Cluster
 from framework.models import build_model
 from framework.runtime.base import RuntimeHooks
 from framework.scheduler import SchedulerContext
-from framework.tracking import flatten
+from framework.tracking import flatten, mlflow_name
 from framework.validate import validate
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def _metric_key(name: str) -> str:
-    return name.replace("->", "_to_")
 
 
 def build_scheduler(cfg, *, role: str | None = None, plan: dict | None = None):
@@ -204,7 +202,7 @@ class Job(RuntimeHooks):
     def params(self) -> dict:
         """Every leaf of the composed config, once, by its dotted name (`scheduler.name`,
         `cluster.link.bandwidth_bps`, `train.lr`, ...): any knob a sweep varies is comparable."""
-        return flatten(OmegaConf.to_container(self.cfg, resolve=True))
+        return {mlflow_name(k): v for k, v in flatten(OmegaConf.to_container(self.cfg, resolve=True)).items()}
 
     def run_name(self) -> str:
         """`<scheduler> <model> <cluster>`, plus the overrides a sweep varies (so siblings differ)."""
@@ -280,8 +278,8 @@ class Job(RuntimeHooks):
             metrics[f"util/busy_frac/{r}"] = st["busy_s"] / total if total > 0 else 0.0
             metrics[f"util/idle_s/{r}"] = st["idle_s"]
         for l, st in links.items():
-            metrics[f"net/bytes/{_metric_key(l)}"] = st["bytes"]  # MLflow names allow no '>': the same name in summary.json
-            metrics[f"net/raw_bytes/{_metric_key(l)}"] = st["raw_bytes"]
+            metrics[f"net/bytes/{mlflow_name(l)}"] = st["bytes"]  # MLflow names allow no '>': the same name in summary.json
+            metrics[f"net/raw_bytes/{mlflow_name(l)}"] = st["raw_bytes"]
         wire_total = sum(st["bytes"] for st in links.values())
         if wire_total:
             metrics["net/compression_ratio"] = sum(st["raw_bytes"] for st in links.values()) / wire_total

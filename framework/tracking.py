@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -56,6 +57,12 @@ def client_and_experiment(cfg) -> tuple[Any, str]:
         if exp is None:
             raise
         return client, exp.experiment_id
+
+
+def mlflow_name(name: str) -> str:
+    """A metric or param name MLflow accepts (letters, digits, `_-. :/`): `dev0->dev1` becomes
+    `dev0_to_dev1`, any other character (`*` of a link pattern, say) `_`."""
+    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", name.replace("->", "_to_"))[:250]
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

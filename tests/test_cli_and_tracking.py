@@ -212,3 +212,12 @@ def test_a_sweep_is_comparable_in_the_store(tmp_path, mlflow_store):
     assert parent.data.metrics["best/time/epoch_virtual_s"] == fastest.data.metrics["time/epoch_virtual_s"]
     assert {"comparison.csv", "comparison.md", "comparison.png"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0_cluster.link.bandwidth_bps=1000000.0", "1_cluster.link.bandwidth_bps=10000000.0", "2_cluster.link.bandwidth_bps=100000000.0"]
+
+
+def test_link_pattern_keys_become_valid_mlflow_names(tmp_path, mlflow_store):
+    """`cluster.links."dev*->server"` knobs are params too, under names MLflow accepts."""
+    tracking, client = mlflow_store
+    summary = Job(compose_cfg(tracking + TINY + ["scheduler=fl", "cluster=pipar_4g", "cluster.num_devices=2", "runtime.numerics=false"], fast=False), tmp_path / "run").run()
+    params = client.get_run(summary["mlflow_run_id"]).data.params
+    assert float(params["cluster.links.dev__to_server.bandwidth_bps"]) == 10e6
+    assert "net/bytes/dev0_to_server" in summary["metrics"]
