@@ -37,7 +37,9 @@ def app(cfg: DictConfig) -> float | None:
         print("interrupted: the MLflow run is marked FAILED; outputs so far are in " + hc.runtime.output_dir, file=sys.stderr)
         sys.exit(130)
     m = summary["metrics"]
-    parts = [f"{summary.get('clock', 'virtual')} time {summary['virtual_time_s']:.4g}s", f"bubble {summary['bubble_frac']:.3f}"]
+    parts = [f"{summary.get('clock', 'virtual')} time {summary['virtual_time_s']:.4g}s"]
+    if summary.get("pipeline", True):  # collaborative schedules have no pipeline flushes: no bubble
+        parts.append(f"bubble {summary['bubble_frac']:.3f}")
     for k in ("val/acc", "test/acc"):
         if k in m:
             parts.append(f"{k} {m[k]:.4f}")

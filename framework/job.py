@@ -107,6 +107,7 @@ class Job(RuntimeHooks):
         self.transport = registry.build("transport", cfg.transport)
         self.runtime = registry.build("runtime", cfg.runtime, self.cluster, self.compressor, self, network=self.transport, run_config=cfg)
         self.runtime.prepare(self.scheduler)
+        self.runtime.timeline.clock = self.clock  # the chart's and the trace's time axis say which
         self.iterations_per_epoch = self.scheduler.iterations_per_epoch()
         self._train = [0.0, 0, 0]  # loss_sum, correct, n since the last iteration mark
         self._epoch_train = [0.0, 0, 0]
@@ -178,8 +179,11 @@ class Job(RuntimeHooks):
             self.history["val/loss"].append(vl)
             self.history["val/acc"].append(va)
             self._final["val/loss"], self._final["val/acc"] = vl, va
+            line = f"epoch {epoch}: val/acc {va:.4f}  val/loss {vl:.4f}  epoch {epoch_time:.4g}s {self.clock}"
             if self._progress is not None:
-                self._progress.write(f"epoch {epoch}: val/acc {va:.4f}  val/loss {vl:.4f}  epoch {epoch_time:.4g}s {self.clock}")
+                self._progress.write(line)
+            elif self.cfg.runtime.progress:  # not a terminal (a log file): the epoch lines, no bar frames
+                print(line, flush=True)
         self.tracker.flush()
 
     @torch.no_grad()
@@ -244,7 +248,7 @@ class Job(RuntimeHooks):
             from framework.tracking import NullTracker
 
             self.tracker = NullTracker(self.cfg.tracking)
-        if self.cfg.runtime.progress:
+        if self.cfg.runtime.progress and sys.stderr.isatty():  # bar frames only where a person watches
             from tqdm import tqdm
 
             self._progress = tqdm(total=self.cfg.train.epochs * self.iterations_per_epoch, desc=progress_desc, unit="it", file=sys.stderr, dynamic_ncols=True, leave=False)
@@ -300,6 +304,7 @@ class Job(RuntimeHooks):
             "roles": roles,
             "links": links,
             "bubble_frac": bubble,
+            "pipeline": tl.has_flushes(),  # whether a bubble means anything here (pipeline flushes)
             "compression": compression,
             "messages_lost": rt.messages_lost,
             "dropouts": rt.dropouts,
@@ -314,7 +319,8 @@ class Job(RuntimeHooks):
         tcfg = self.cfg.tracking
         tl.save_chrome_trace(self.out_dir / "timeline.json", tcfg.max_trace_events)
         try:
-            tl.save_gantt(self.out_dir / "timeline.png", tcfg.gantt_iterations, title=f"{self.cfg.scheduler.name}: first {tcfg.gantt_iterations} iteration(s), bubble {bubble:.3f}")
+            title = f"{self.cfg.scheduler.name}: first {tcfg.gantt_iterations} iteration(s)" + (f", bubble {bubble:.3f}" if tl.has_flushes() else "")
+            tl.save_gantt(self.out_dir / "timeline.png", tcfg.gantt_iterations, title=title)
         except Exception as e:  # a plot must never hide the run's real outcome
             print(f"warning: could not draw timeline.png: {e}", file=sys.stderr)
         for k, v in metrics.items():

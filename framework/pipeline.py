@@ -257,8 +257,9 @@ class StageRole(Role):
             """items[m] = (x or None, y or None, iteration, loss_scale)."""
             stage = self.stage
             sizes = {}
+            last_it = first_it  # an asynchronous STEP belongs to the mini-batch its backward just finished
             for a in sched.actions(s, S, len(items)):
-                x, y, it, scale = items[a.mb] if a.op != "STEP" else (None, None, first_it, 1.0)
+                x, y, it, scale = items[a.mb] if a.op != "STEP" else (None, None, last_it if sched.flush_per == "epoch" else first_it, 1.0)
                 if a.op == "F":
                     inp = x if prev is None else await ctx.recv(prev, "act")
                     sizes[a.mb] = inp.shape[0]
@@ -270,6 +271,7 @@ class StageRole(Role):
                 elif a.op == "B":
                     g = None if nxt is None else await ctx.recv(nxt, "grad")
                     gin = await ctx.compute(stage.bwd_work(sizes[a.mb]), stage.backward, a.mb, g, iteration=it, microbatch=a.mb, group=group)
+                    last_it = it
                     if prev is not None:
                         ctx.send(prev, "grad", gin, iteration=it, microbatch=a.mb)
                     if sched.flush_per == "epoch" and s == 0:

@@ -39,6 +39,7 @@ class Timeline:
         self.link_raw_bytes: dict[str, int] = defaultdict(int)
         self.link_messages: dict[str, int] = defaultdict(int)
         self.roles: list[str] = []
+        self.clock = "virtual"  # or "wall" on real runtimes: what the times mean
         self.links: list[str] = []
 
     def add_role(self, role: str) -> None:
@@ -79,6 +80,10 @@ class Timeline:
             for l in self.links
         }
 
+    def has_flushes(self) -> bool:
+        """Whether compute is grouped into pipeline flushes (where a bubble fraction means something)."""
+        return any(iv.group >= 0 for iv in self.intervals)  # transfers carry no group
+
     def bubble_frac(self) -> float:
         windows: dict[int, list] = {}
         busy: dict[int, float] = defaultdict(float)
@@ -102,7 +107,7 @@ class Timeline:
         """Chrome trace-event JSON (open in https://ui.perfetto.dev or chrome://tracing)."""
         tids = {r: i for i, r in enumerate(self.roles + self.links)}
         events = [{"ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": r}} for r, tid in tids.items()]
-        events.append({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "pipelab (virtual time)"}})
+        events.append({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": f"pipelab ({self.clock} time)"}})
         for iv in self.intervals[:max_events]:
             args = {"iteration": iv.iteration, "microbatch": iv.microbatch}
             if iv.nbytes:
@@ -135,7 +140,7 @@ class Timeline:
                 ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors.get(kind, "#937860"), edgecolor="white", linewidth=0.3)
         ax.set_yticks(range(len(rows)), rows)
         ax.invert_yaxis()
-        ax.set_xlabel("virtual time (s)")
+        ax.set_xlabel(f"{self.clock} time (s)")
         handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in colors.items()]
         ax.legend(handles, list(colors), ncol=len(colors), loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
         ax.set_title(title or f"first {iterations} iteration(s)", loc="left", fontsize=10)

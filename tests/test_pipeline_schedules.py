@@ -131,3 +131,17 @@ def test_memory_estimate_follows_the_schedule_and_capacity_fails_early(tmp_path)
     with pytest.raises(ConfigError, match=r"cluster.devices.dev0.memory_bytes.*stage0.*8 micro-batches"):
         Job(compose_cfg(common + ["scheduler=gpipe", f"+cluster.devices={{dev0: {{memory_bytes: {cap}}}}}"]), tmp_path)
     Job(compose_cfg(common + ["scheduler=1f1b", f"+cluster.devices={{dev0: {{memory_bytes: {cap}}}}}"]), tmp_path)
+
+
+def test_timeline_labels_asynchronous_steps_by_their_mini_batch_and_says_its_clock(tmp_path):
+    """PipeDream steps after every backward: each STEP carries that mini-batch's iteration, so the
+    chart of the first iterations shows those only, not the whole epoch. A collaborative schedule
+    has no pipeline flushes, so no bubble is reported for it."""
+    job = Job(compose_cfg(UNIFORM_MLP + ["scheduler=pipedream", "scheduler.microbatches=1", "cluster.num_devices=3", "train.epochs=1", "train.iterations_per_epoch=12", "runtime.numerics=false"]), tmp_path)
+    job.train()
+    steps = [iv.iteration for iv in job.runtime.timeline.intervals if iv.kind == "step" and iv.resource == "stage0"]
+    assert steps == list(range(job.iterations)) and job.iterations >= 4
+    assert job.runtime.timeline.clock == "virtual" and job.runtime.timeline.has_flushes()
+    collab = Job(compose_cfg(["scheduler=fl", "cluster=pipar_wifi", "cluster.num_devices=2", "train.epochs=1", "train.iterations_per_epoch=2", "runtime.numerics=false"]), tmp_path / "fl")
+    collab.train()
+    assert not collab.runtime.timeline.has_flushes()
