@@ -229,6 +229,7 @@ class Job(RuntimeHooks):
             plan = self.scheduler.plan()
             (self.out_dir / "plan.json").write_text(json.dumps(plan, indent=2))
             self.train(progress_desc=run_name)
+            self._save_model()
             status = "FINISHED"
         except BaseException:
             self.virtual_time = self.runtime.timeline.makespan
@@ -257,6 +258,17 @@ class Job(RuntimeHooks):
             tl, ta = self.evaluate("test", self.final_model())
             self._final["test/loss"], self._final["test/acc"] = tl, ta
         return self.virtual_time
+
+    def _save_model(self) -> None:
+        """The trained model's weights as `model.safetensors` (no pickle: loading it runs no code),
+        in the run directory and as an artifact. Timing-only runs have no weights to save."""
+        if not self.numerics:
+            return
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().clone().contiguous() for k, v in self.final_model().state_dict().items()}
+        path = self.out_dir / "model.safetensors"
+        save_file(state, str(path), metadata={"model": self.cfg.model.name, "scheduler": self.cfg.scheduler.name, "dtype": self.cfg.runtime.dtype})
 
     def final_model(self):
         """The trained model as the coordinator sees it: built from the roles' final states."""
@@ -326,7 +338,7 @@ class Job(RuntimeHooks):
         for k, v in metrics.items():
             if isinstance(v, (int, float)) and math.isfinite(v) and self._last_step.get(k) != self.iterations:  # once per step
                 self.tracker.log_metric(k, v, self.iterations)
-        for name in ("plan.json", "summary.json", "timeline.json", "timeline.png"):
+        for name in ("plan.json", "summary.json", "timeline.json", "timeline.png", "model.safetensors"):
             p = self.out_dir / name
             if p.exists():
                 self.tracker.log_artifact(p)

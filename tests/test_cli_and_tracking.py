@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from framework.job import Job
 from tests.conftest import compose_cfg
@@ -88,7 +89,14 @@ def test_run_recorded_in_mlflow_with_params_metrics_artifacts(tmp_path, mlflow_s
     for m in ("train/loss", "val/acc", "test/acc", "time/virtual_s", "time/epoch_virtual_s", "pipe/bubble_frac", "util/busy_frac/stage0", "net/bytes/dev0_to_dev1", "throughput/samples_per_s"):
         assert m in run.data.metrics, m
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "plan.json", "timeline.json", "timeline.png", "summary.json"} <= arts
+    assert {"config.yaml", "plan.json", "timeline.json", "timeline.png", "summary.json", "model.safetensors"} <= arts
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "run" / "model.safetensors"))  # the trained weights, no pickle
+    trained = Job(compose_cfg(tracking + TINY + ["scheduler=gpipe", "train.epochs=2"], fast=False), tmp_path / "again")
+    trained.train()
+    assert saved.keys() == trained.final_model().state_dict().keys()
+    assert all(torch.equal(saved[k], v) for k, v in trained.final_model().state_dict().items())
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     for key in ("scheduler", "virtual_time_s", "wall_time_s", "epochs", "iterations", "samples", "metrics", "roles", "links", "bubble_frac", "mlflow_run_id", "peak_inflight"):
         assert key in s
