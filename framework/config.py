@@ -185,21 +185,37 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("pipelab_job_dir", job_dir_name)
 
 
+SWEEP_KEYS_FILE = "sweep_keys.json"  # in a sweep's folder: the keys it varies (framework.tracking writes it)
+
+
+def read_sweep_keys(sweep_dir) -> set[str]:
+    """The keys the sweep in `sweep_dir` varies; empty if it recorded none."""
+    import json
+    from pathlib import Path
+
+    try:
+        return set(json.loads((Path(str(sweep_dir)) / SWEEP_KEYS_FILE).read_text()))
+    except (OSError, ValueError):
+        return set()
+
+
+def swept_overrides(overrides, keys: set[str]) -> list[str]:
+    """The `key=value` overrides among `overrides` whose key a sweep varies (`+`/`~` dropped)."""
+    return [o.lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~") in keys]
+
+
 def job_dir_name(num, sweep_dir) -> str:
     """A sweep job's folder: its number and the values of the keys the sweep varies, e.g.
     `2_cluster.link.bandwidth_bps=1e7` (`hydra.sweep.subdir`), safe as one path component."""
-    import json
     import re
-    from pathlib import Path
 
     try:
         from hydra.core.hydra_config import HydraConfig
 
         overrides = list(HydraConfig.get().overrides.task)
-        keys = set(json.loads((Path(str(sweep_dir)) / "sweep_keys.json").read_text()))
-    except (ValueError, OSError):  # not in a sweep, or no sweep file: the number alone
+    except ValueError:  # not under Hydra: the number alone
         return str(num)
-    swept = [o.lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~") in keys]
+    swept = swept_overrides(overrides, read_sweep_keys(sweep_dir))
     name = "_".join([str(num)] + [re.sub(r"[^A-Za-z0-9_.=,+-]", "-", o) for o in swept])
     return name[:120]
 

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from framework import registry
 from framework.cluster import Cluster
+from framework.config import swept_overrides
 from framework.models import build_model
 from framework.runtime.base import RuntimeHooks
 from framework.scheduler import SchedulerContext
@@ -212,7 +213,7 @@ class Job(RuntimeHooks):
         """`<scheduler> <model> <cluster>`, plus the overrides a sweep varies (so siblings differ)."""
         cfg = self.cfg
         name = f"{cfg.scheduler.name} {cfg.model.name} {cfg.cluster.name}"
-        swept = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") in self.sweep_keys]
+        swept = swept_overrides(self.overrides, self.sweep_keys)
         return (name + " " + " ".join(swept)).strip()[:250]
 
     def run(self) -> dict:

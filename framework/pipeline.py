@@ -231,7 +231,7 @@ class StageRole(Role):
         for (src, dst), units in moved.items():
             if src == s:
                 ctx.send(sched.roles_[dst], "units", rp.pack_units(model, old.optimizer, units, numerics), iteration=epoch)
-        carried = {p: st for p, st in old.optimizer.state.items()} if old.optimizer is not None else {}
+        carried = dict(old.optimizer.state) if old.optimizer is not None else {}
         for (src, dst), units in moved.items():
             if dst == s:
                 carried.update(rp.unpack_units(model, await ctx.recv(sched.roles_[src], "units"), numerics))

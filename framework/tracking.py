@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from framework.config import TrackingConfig
+from framework.config import SWEEP_KEYS_FILE, TrackingConfig, read_sweep_keys
 from framework.registry import register
 
 PARENT_FILE = "mlflow_parent_run_id"
-SWEEP_KEYS_FILE = "sweep_keys.json"
 
 
 def _quiet_mlflow() -> None:
@@ -173,12 +172,14 @@ class MultirunParent(Callback):
         self.run_id = None
         self.failed = False
         self.client = None
+        self.experiment_id = None
 
     def on_multirun_start(self, config, **kwargs) -> None:
         tcfg = config.tracking
         if tcfg.name != "mlflow":
             return
         self.client, exp_id = client_and_experiment(tcfg)
+        self.experiment_id = exp_id
         sweep_dir = Path(config.hydra.sweep.dir)
         run = self.client.create_run(exp_id, run_name=f"sweep {sweep_dir.name}", tags={"pipelab.sweep_dir": str(sweep_dir), "mlflow.note.content": " ".join(config.hydra.overrides.task)})
         self.run_id = run.info.run_id
@@ -198,8 +199,7 @@ class MultirunParent(Callback):
             try:
                 from framework.sweep_summary import summarize_sweep
 
-                _, exp_id = client_and_experiment(config.tracking)
-                summarize_sweep(self.client, exp_id, self.run_id, config.tracking, Path(config.hydra.sweep.dir))
+                summarize_sweep(self.client, self.experiment_id, self.run_id, config.tracking, Path(config.hydra.sweep.dir))
             except Exception as e:  # the comparison must never hide the sweep's own outcome
                 print(f"warning: could not summarise the sweep on its parent run: {e}", file=sys.stderr)
             self.client.set_terminated(self.run_id, status="FAILED" if self.failed else "FINISHED")
@@ -230,11 +230,7 @@ def sweep_keys() -> set[str]:
         return set()
     from hydra.core.hydra_config import HydraConfig
 
-    f = Path(HydraConfig.get().sweep.dir) / SWEEP_KEYS_FILE
-    try:
-        return set(json.loads(f.read_text()))
-    except (OSError, ValueError):
-        return set()
+    return read_sweep_keys(HydraConfig.get().sweep.dir)
 
 
 def parent_run_id() -> str | None:

@@ -44,7 +44,7 @@ from framework.scheduler import Scheduler
 from plugins.schedulers import pipar_plan as plan_mod
 from plugins.schedulers.idle import idle_times
 from plugins.schedulers.model_vectors import UnitLayout
-from plugins.schedulers.pipar_planner import SELECT, SERVER, DevicePlan, Planner
+from plugins.schedulers.pipar_planner import SELECT, SERVER, DevicePlan, Planner, split_points
 from plugins.schedulers.split_roles import DeviceRole, FedRole, ServerRole
 
 SERVER_MODES = ("parallel", "sequential")
@@ -158,13 +158,8 @@ class Collaborative(Scheduler):
         """A subclass's constraint across devices (SL, SFL-shared: one split point)."""
         return plans
 
-    def max_device_units(self) -> int:
-        """Q': the most units a device profiles (and may hold)."""
-        qmax = self.cfg.max_device_units if self.cfg.max_device_units is not None else self.Q - 1
-        return max(1, min(qmax, self.Q - 1)) if self.Q > 1 else 1
-
     def p_range(self) -> range:
-        return self.planner.p_range()
+        return split_points(self.cfg, self.Q)
 
     # ---- data, per device and plan (every role computes the same from the config) ---------------
 

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from framework.cluster import Work
 from plugins.schedulers import pipar_plan as plan_mod
 
 SERVER = "server"
@@ -44,6 +43,12 @@ class DevicePlan:
         return cls(**d)
 
 
+def split_points(cfg, num_units: int) -> range:
+    """The P a device may take: 1..Q' (Q' = `max_device_units`, at most Q - 1)."""
+    qmax = cfg.max_device_units if cfg.max_device_units is not None else num_units - 1
+    return range(1, min(qmax, num_units - 1) + 1) if num_units > 1 else range(1, 2)
+
+
 class Planner:
     """Plans for the K devices of one collaborative run (`kind` in pipar, fl, sfl, sl)."""
 
@@ -62,8 +67,7 @@ class Planner:
         self.trial_cost = 0.0  # virtual seconds of trial iterations run by exhaustive/refine
 
     def p_range(self) -> range:
-        qmax = self.cfg.max_device_units if self.cfg.max_device_units is not None else self.Q - 1
-        return range(1, min(qmax, self.Q - 1) + 1) if self.Q > 1 else range(1, 2)
+        return split_points(self.cfg, self.Q)
 
     def fixed_plan(self) -> tuple[int | None, int | None]:
         """(P, N) this kind of scheduler pins (None = choose)."""
@@ -101,10 +105,6 @@ class Planner:
         if self._srv_prof is None:
             self._srv_prof = plan_mod.profile_side(self.ctx.predictor, self.ctx.cluster.device(SERVER), self.Q, self.B)
         return self._srv_prof
-
-    def device_profile_s(self, k: int, now: float = 0.0) -> float:
-        """What re-profiling costs the device: one iteration of its most units at batch B."""
-        return self.pair_model(k, now).dev.iteration_s(max(self.p_range()))
 
     # ---- choosing -----------------------------------------------------------------------------
 
@@ -176,7 +176,3 @@ class Planner:
 
     def server_profile_s(self) -> float:
         return self.server_profile().iteration_s(self.Q)
-
-
-def profile_work(seconds: float) -> Work:
-    return Work("profile", seconds=seconds)

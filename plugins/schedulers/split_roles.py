@@ -161,7 +161,7 @@ class DeviceRole(Role):
         server = s.server_role_of(self.k)
         if s.cfg.reselect_mode == "full_profile":
             prof = plan_mod.profile_side(s.ctx.predictor, s.ctx.cluster.device(self.device), s.Q, s.B)
-            await ctx.compute(Work("profile", seconds=prof.iteration_s(s.max_device_units())), iteration=self.it)
+            await ctx.compute(Work("profile", seconds=prof.iteration_s(max(s.p_range()))), iteration=self.it)
             ctx.send(server, "profile", torch.zeros(3 * s.Q, dtype=torch.float64), iteration=self.it)
         P, N, mb = (int(v) for v in await ctx.recv(server, "plan"))
         if P != self.plan.P:
