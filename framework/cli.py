@@ -27,14 +27,25 @@ def app(cfg: DictConfig) -> float | None:
     from framework.tracking import parent_run_id, sweep_keys
 
     hc = HydraConfig.get()
+    out_dir = hc.runtime.output_dir
     try:
-        job = Job(cfg, hc.runtime.output_dir, overrides=list(hc.overrides.task), parent_run_id=parent_run_id(), sweep_keys=sweep_keys())
+        if cfg.train.resume:  # the stopped run's own config and folder
+            from framework.checkpoint import resumed_config
+
+            cfg = resumed_config(cfg, list(hc.overrides.task))
+            out_dir = cfg.train.resume
+        job = Job(cfg, out_dir, overrides=list(hc.overrides.task), parent_run_id=parent_run_id(), sweep_keys=sweep_keys())
+        if job.resumed_epoch is not None:
+            print(f"resuming {out_dir} after epoch {job.resumed_epoch} of {cfg.train.epochs}", file=sys.stderr)
         summary = job.run()
     except PipelabError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("interrupted: the MLflow run is marked FAILED; outputs so far are in " + hc.runtime.output_dir, file=sys.stderr)
+        from framework import checkpoint
+
+        hint = f"; continue it with train.resume={out_dir}" if checkpoint.exists(out_dir) else ""
+        print(f"interrupted: the MLflow run is marked FAILED; outputs so far are in {out_dir}{hint}", file=sys.stderr)
         sys.exit(130)
     m = summary["metrics"]
     parts = [f"{summary.get('clock', 'virtual')} time {summary['virtual_time_s']:.4g}s"]
@@ -43,7 +54,7 @@ def app(cfg: DictConfig) -> float | None:
     for k in ("val/acc", "test/acc"):
         if k in m:
             parts.append(f"{k} {m[k]:.4f}")
-    print(f"{cfg.scheduler.name}: " + ", ".join(parts) + f"  ->  {hc.runtime.output_dir}")
+    print(f"{cfg.scheduler.name}: " + ", ".join(parts) + f"  ->  {out_dir}")
     return m.get("val/acc")  # the value a Hydra sweeper would optimise
 
 

@@ -88,20 +88,28 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
             fut.set_result(None)
 
 
-def run_virtual(coro, describe_pending: Callable[[], str] | None = None):
-    """Run `coro` to completion on a fresh virtual-clock loop; return its result."""
+def run_virtual(coro, describe_pending: Callable[[], str] | None = None, start: float = 0.0):
+    """Run `coro` to completion on a fresh virtual-clock loop whose clock starts at `start`
+    (a resumed run's); return its result."""
     loop = VirtualClockLoop()
+    loop._now = float(start)
     if describe_pending is not None:
         loop.describe_pending = describe_pending
+    task = loop.create_task(coro)
+    tasks = {task}
     try:
-        return loop.run_until_complete(coro)
+        return loop.run_until_complete(task)
     finally:
         try:
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            tasks.update(pending)
             for t in pending:
                 t.cancel()
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        except DeadlockError:
+        except (DeadlockError, KeyboardInterrupt):
             pass
+        for t in tasks:  # retrieved: a Ctrl-C inside a role must not print "exception was never retrieved"
+            if t.done() and not t.cancelled():
+                t.exception()
         loop.close()

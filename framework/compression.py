@@ -240,6 +240,31 @@ class Compressor:
             d.decode_s += s
         return s
 
+    # ---- checkpoints (framework.checkpoint) ----------------------------------------------------
+
+    _COUNTERS = ("raw_bytes", "wire_bytes", "encode_s", "decode_s", "err_sum", "err_n", "last_error")
+
+    def checkpoint(self, bag, prefix: str) -> dict:
+        """The streams' state (residuals, scales, generators) and the byte and error counters.
+        Taken at an epoch end, when every forward tensor's gradient has come back."""
+        from framework.checkpoint import CheckpointError
+
+        if self._kept:
+            raise CheckpointError(f"the compressor still waits for the gradients of {len(self._kept)} forward tensors")
+        streams = [{"key": list(key), "state": bag.put(f"{prefix}.stream{i}", st)} for i, (key, st) in enumerate(self._streams.items())]
+        directions = {name: {c: getattr(d, c) for c in self._COUNTERS} for name, d in self.directions.items()}
+        return {"seed": self.seed, "epoch": self.epoch, "streams": streams, "directions": directions}
+
+    def restore(self, bag, desc: dict) -> None:
+        self.set_seed(desc["seed"])
+        self.set_epoch(int(desc["epoch"]))
+        self._streams.clear()
+        for st in desc["streams"]:
+            self._streams[tuple(st["key"])] = bag.take(st["state"])
+        for name, counters in desc["directions"].items():
+            for c, v in counters.items():
+                setattr(self.directions[name], c, v)
+
     # ---- what a run reports -----------------------------------------------------------------
 
     def epoch_metrics(self) -> dict[str, float]:

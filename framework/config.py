@@ -137,6 +137,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     iterations_per_epoch: Optional[int] = None  # cap (quick runs); null = the whole training split
     eval_batch_size: int = 512
+    checkpoint: bool = True  # write <run dir>/checkpoint at every epoch end (runtime=sim)
+    resume: Optional[str] = None  # a run directory: continue that run from its last checkpoint
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from framework import checkpoint as ck
 from framework import registry
 from framework.cluster import Cluster
 from framework.config import swept_overrides
@@ -122,6 +123,13 @@ class Job(RuntimeHooks):
         self._wall0 = time.perf_counter()
         self._last_step: dict[str, int] = {}  # epoch metrics: the step each was last logged at
         self.sweep_keys = sweep_keys or set()
+        # checkpoints at epoch ends, where the runtime can take one (framework.checkpoint)
+        self.checkpointing = bool(cfg.train.checkpoint) and self.runtime.checkpoints
+        self.resumed_epoch: int | None = None  # the epoch whose checkpoint this run continues from
+        self._resume_run_id: str | None = None
+        if cfg.train.resume:
+            self.out_dir = Path(str(cfg.train.resume))  # a resumed run goes on in its own folder
+            self._load_checkpoint()
 
     # ---- runtime hooks ------------------------------------------------------------------------
 
@@ -186,6 +194,51 @@ class Job(RuntimeHooks):
             elif self.cfg.runtime.progress:  # not a terminal (a log file): the epoch lines, no bar frames
                 print(line, flush=True)
         self.tracker.flush()
+        if self.checkpointing:
+            self._save_checkpoint(epoch)
+
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    RECORDS = ("history", "samples", "iterations", "_epoch_start", "_final", "_last_step", "_train", "_epoch_train")
+
+    def _save_checkpoint(self, epoch: int) -> None:
+        """Everything the run needs to go on from this epoch end (framework.checkpoint), in the
+        run directory and as MLflow artifacts. A role that cannot checkpoint turns them off."""
+        bag = ck.Bag()
+        try:
+            bag.meta["runtime"] = self.runtime.checkpoint(bag, "runtime")
+        except NotImplementedError as e:
+            print(f"warning: no checkpoints for this run: {e}", file=sys.stderr)
+            self.checkpointing = False
+            return
+        bag.meta["compressor"] = self.compressor.checkpoint(bag, "compressor")
+        bag.meta["job"] = {name: getattr(self, name) for name in self.RECORDS}
+        bag.meta.update(epoch=epoch, config=ck.config_fingerprint(self.cfg), mlflow_run_id=self.tracker.run_id)
+        path = ck.save(self.out_dir, bag)
+        self.tracker.log_artifacts(path, ck.DIR)
+
+    def _load_checkpoint(self) -> None:
+        from framework.errors import ConfigError
+
+        run_dir = self.out_dir
+        if not self.runtime.checkpoints:
+            raise ConfigError("train.resume", f"runtime={self.cfg.runtime.name} cannot resume a run; resume runs on runtime=sim")
+        try:
+            bag = ck.load(run_dir)
+        except ck.CheckpointError as e:
+            raise ConfigError("train.resume", str(e)) from None
+        epoch = int(bag.meta["epoch"])
+        if bag.meta["config"] != ck.config_fingerprint(self.cfg):
+            raise ConfigError("train.resume", f"the checkpoint in {run_dir} belongs to another config than {run_dir}/config.yaml; resume with the run's own config")
+        if epoch + 1 >= self.cfg.train.epochs:
+            raise ConfigError("train.resume", f"{run_dir} has finished all {epoch + 1} epochs of train.epochs={self.cfg.train.epochs}; raise train.epochs to train on")
+        for name in self.RECORDS:
+            setattr(self, name, bag.meta["job"][name])
+        self._last_step = {k: int(v) for k, v in self._last_step.items()}
+        self.compressor.restore(bag, bag.meta["compressor"])
+        self.runtime.resume(bag, bag.meta["runtime"], epoch)
+        self.resumed_epoch = epoch
+        self._resume_run_id = bag.meta.get("mlflow_run_id")
 
     @torch.no_grad()
     def evaluate(self, split: str, model) -> tuple[float, float]:
@@ -220,7 +273,10 @@ class Job(RuntimeHooks):
         cfg = self.cfg
         self.out_dir.mkdir(parents=True, exist_ok=True)
         run_name = self.run_name()
-        self.tracker = registry.build("tracking", cfg.tracking, self.parent_run_id, run_name, {"pipelab.overrides": " ".join(self.overrides) or "(defaults)", **run_tags()})
+        tags = {"pipelab.overrides": " ".join(self.overrides) or "(defaults)", **run_tags()}
+        if self.resumed_epoch is not None:
+            tags["pipelab.resumed"] = f"after epoch {self.resumed_epoch} from {self.out_dir}"
+        self.tracker = registry.build("tracking", cfg.tracking, self.parent_run_id, run_name, tags, resume_run_id=self._resume_run_id)
         status = "FAILED"
         self._wall0 = time.perf_counter()
         try:
@@ -253,7 +309,7 @@ class Job(RuntimeHooks):
         if self.cfg.runtime.progress and sys.stderr.isatty():  # bar frames only where a person watches
             from tqdm import tqdm
 
-            self._progress = tqdm(total=self.cfg.train.epochs * self.iterations_per_epoch, desc=progress_desc, unit="it", file=sys.stderr, dynamic_ncols=True, leave=False)
+            self._progress = tqdm(total=self.cfg.train.epochs * self.iterations_per_epoch, initial=self.iterations, desc=progress_desc, unit="it", file=sys.stderr, dynamic_ncols=True, leave=False)
         self.virtual_time = self.runtime.run(self.scheduler)
         if self.numerics:
             tl, ta = self.evaluate("test", self.final_model())

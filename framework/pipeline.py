@@ -206,6 +206,7 @@ class StageRole(Role):
         self.stage = self._new_stage(*self.bounds[s])
         self.peak_inflight = 0
         self.staleness: list[int] = []
+        self.it_global = 0  # mini-batches this stage has run, over all epochs
 
     def _new_stage(self, a: int, b: int) -> Stage:
         ctx = self.sched.ctx
@@ -221,6 +222,17 @@ class StageRole(Role):
 
     def stats(self) -> dict:
         return {"peak_inflight": max(self.peak_inflight, self.stage.peak_inflight), "staleness": self.staleness + self.stage.staleness}
+
+    def checkpoint(self, bag, prefix: str) -> dict:
+        return {"stage": self.stage.checkpoint(bag, f"{prefix}.stage"), "bounds": [list(b) for b in self.bounds], "it_global": self.it_global, "peak_inflight": self.peak_inflight, "staleness": self.staleness}
+
+    def restore(self, bag, desc: dict) -> None:
+        bounds = [tuple(b) for b in desc["bounds"]]
+        if bounds != self.bounds:  # a repartition had moved units before the checkpoint
+            self.bounds = bounds
+            self.stage = self._new_stage(*bounds[self.s])
+        self.stage.restore(bag, desc["stage"])
+        self.it_global, self.peak_inflight, self.staleness = int(desc["it_global"]), int(desc["peak_inflight"]), list(desc["staleness"])
 
     async def repartition(self, ctx, new_bounds, epoch: int) -> None:
         """Hand the units this stage loses to their new stages and take the ones it gains."""
@@ -279,8 +291,7 @@ class StageRole(Role):
                 else:
                     await ctx.compute(stage.step_work(), stage.step, iteration=it, group=-1)
 
-        it_global = 0
-        for epoch in range(cfg.train.epochs):
+        for epoch in range(self.first_epoch, cfg.train.epochs):
             if epoch in sched.repartitions:
                 await self.repartition(ctx, sched.repartitions[epoch], epoch)
             batches = sched.ctx.train_batches(epoch)
@@ -290,15 +301,16 @@ class StageRole(Role):
                     xs = split_microbatches(x, m) if prev is None else [None] * m
                     ys = split_microbatches(y, m) if nxt is None else [None] * m
                     scale = 1.0 / x.shape[0]
-                    items = [(xs[k], ys[k], it_global, scale) for k in range(m)]
-                    await run_flush(items, it_global, epoch, it_global)
+                    it = self.it_global
+                    items = [(xs[k], ys[k], it, scale) for k in range(m)]
+                    await run_flush(items, it, epoch, it)
                     if s == 0:
-                        ctx.iteration_done(epoch, it_global, x.shape[0])
-                    it_global += 1
+                        ctx.iteration_done(epoch, it, x.shape[0])
+                    self.it_global += 1
             else:
                 items = []
                 for x, y in batches:
-                    items.append((x if prev is None else None, y if nxt is None else None, it_global, 1.0 / x.shape[0]))
-                    it_global += 1
-                await run_flush(items, epoch, epoch, items[0][2] if items else it_global)
+                    items.append((x if prev is None else None, y if nxt is None else None, self.it_global, 1.0 / x.shape[0]))
+                    self.it_global += 1
+                await run_flush(items, epoch, epoch, items[0][2] if items else self.it_global)
             await ctx.end_epoch(epoch)

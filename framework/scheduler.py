@@ -90,10 +90,23 @@ class Role(ABC):
     """One role: its device, its program and the state it owns."""
 
     device: str
+    first_epoch: int = 0  # where `run` starts: 0, or the epoch after a restored checkpoint's
 
     @abstractmethod
     async def run(self, ctx) -> None:
-        """The role program (ctx: framework.runtime.base.RoleContext)."""
+        """The role program (ctx: framework.runtime.base.RoleContext). It runs epochs
+        `first_epoch` .. train.epochs - 1, so a restored role continues where it stopped."""
+
+    def checkpoint(self, bag, prefix: str) -> dict:
+        """Everything this role needs to continue bit for bit from the epoch end where every role
+        now waits: tensors into `bag` (framework.checkpoint.Bag) under `prefix`, the returned
+        JSON for the rest. A role that cannot raises NotImplementedError (its runs then write no
+        checkpoints and cannot resume)."""
+        raise NotImplementedError(f"{type(self).__name__} does not checkpoint")
+
+    def restore(self, bag, desc: dict) -> None:
+        """Take back what `checkpoint` wrote (the runtime sets `first_epoch`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not checkpoint")
 
     def state(self) -> dict[str, torch.Tensor]:
         """The tensors the coordinator needs from this role at epoch ends and at the end (the

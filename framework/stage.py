@@ -123,3 +123,32 @@ class Stage:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
+
+    # ---- checkpoints --------------------------------------------------------------------
+
+    def checkpoint(self, bag, prefix: str, weights: bool = True) -> dict:
+        """The stage's weights (unless its owner stores the whole model), optimizer state and
+        counters into `bag` (framework.checkpoint). Taken between flushes: no activations alive."""
+        from framework import checkpoint as ck
+
+        if self._saved:
+            raise ck.CheckpointError(f"stage [{self.start}:{self.stop}) still holds activations of {sorted(map(str, self._saved))}")
+        out = {"bounds": [self.start, self.stop], "version": self.version, "peak_inflight": self.peak_inflight, "staleness": list(self.staleness)}
+        if self.numerics:
+            if weights:
+                out["module"] = ck.module_state(bag, f"{prefix}.module", self.module)
+            out["optimizer"] = ck.optimizer_state(bag, f"{prefix}.optimizer", self.optimizer)
+        return out
+
+    def restore(self, bag, desc: dict) -> None:
+        from framework import checkpoint as ck
+
+        if list(desc["bounds"]) != [self.start, self.stop]:
+            raise ck.CheckpointError(f"checkpoint of stage {desc['bounds']} restored into stage [{self.start}, {self.stop})")
+        self.version, self.peak_inflight, self.staleness = int(desc["version"]), int(desc["peak_inflight"]), list(desc["staleness"])
+        if self.numerics:
+            if "module" in desc:
+                with torch.no_grad():
+                    ck.load_module_state(bag, desc["module"], self.module)
+            ck.load_optimizer_state(bag, desc["optimizer"], self.optimizer)
+

@@ -101,6 +101,33 @@ class Timeline:
             return 0.0
         return max(0.0, (capacity - sum(busy.values())) / capacity)
 
+    # ---- checkpoints (framework.checkpoint): the intervals as columns -------------------------
+
+    def checkpoint(self, bag, prefix: str) -> dict:
+        import torch
+
+        names = sorted({iv.resource for iv in self.intervals} | {iv.kind for iv in self.intervals})
+        index = {n: i for i, n in enumerate(names)}
+        ivs = self.intervals
+        columns = bag.put(prefix, {
+            "times": torch.tensor([[iv.start, iv.end] for iv in ivs], dtype=torch.float64).reshape(-1, 2),
+            "ints": torch.tensor([[index[iv.resource], index[iv.kind], iv.iteration, iv.microbatch, iv.group, iv.nbytes] for iv in ivs], dtype=torch.int64).reshape(-1, 6),
+        })
+        counters = {l: [self.link_bytes[l], self.link_raw_bytes[l], self.link_messages[l]] for l in self.links}
+        return {"columns": columns, "names": names, "roles": self.roles, "links": self.links, "counters": counters, "clock": self.clock}
+
+    def restore(self, bag, desc: dict) -> None:
+        names = desc["names"]
+        columns = bag.take(desc["columns"])
+        times, ints = columns["times"], columns["ints"]
+        self.intervals = [
+            Interval(names[r], names[k], start, end, it, mb, g, nb)
+            for (start, end), (r, k, it, mb, g, nb) in zip(times.tolist(), ints.tolist())
+        ]
+        self.roles, self.links, self.clock = list(desc["roles"]), list(desc["links"]), desc["clock"]
+        for l, (b, raw, n) in desc["counters"].items():
+            self.link_bytes[l], self.link_raw_bytes[l], self.link_messages[l] = b, raw, n
+
     # ---- exports ------------------------------------------------------------------------
 
     def chrome_trace(self, max_events: int = 200_000) -> dict:

@@ -80,7 +80,9 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 class MlflowTracker:
     """MLflow on a SQLite store; metrics batched."""
 
-    def __init__(self, cfg, parent_run_id: str | None = None, run_name: str | None = None, tags: dict | None = None):
+    def __init__(self, cfg, parent_run_id: str | None = None, run_name: str | None = None, tags: dict | None = None, resume_run_id: str | None = None):
+        """`resume_run_id`: a stopped run that this one continues (`train.resume`); it goes on
+        as the same MLflow run if the store has it, else a new run is made."""
         from mlflow.entities import Metric
 
         self._Metric = Metric
@@ -89,15 +91,33 @@ class MlflowTracker:
         all_tags = dict(tags or {})
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
+        self._logged_params: dict = {}
+        run = self._continued(resume_run_id)
+        if run is not None:
+            self.client.update_run(run.info.run_id, status="RUNNING")
+            for k, v in all_tags.items():
+                self.client.set_tag(run.info.run_id, k, v)
+            self._logged_params = dict(run.data.params)
+        else:
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         self.run_id = run.info.run_id
         self._buffer: list = []
         self.ended = False
 
+    def _continued(self, run_id: str | None):
+        if not run_id:
+            return None
+        try:
+            return self.client.get_run(run_id)
+        except Exception:  # not in this store (another store, or deleted): a new run
+            return None
+
     def log_params(self, params: dict) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        # a continued run keeps the params it has (MLflow never changes one; a resume may raise
+        # train.epochs, which the run's tags then say)
+        items = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in self._logged_params]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
@@ -113,6 +133,9 @@ class MlflowTracker:
 
     def log_artifact(self, path) -> None:
         self.client.log_artifact(self.run_id, str(path))
+
+    def log_artifacts(self, folder, artifact_path: str) -> None:
+        self.client.log_artifacts(self.run_id, str(folder), artifact_path)
 
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)
@@ -133,7 +156,7 @@ class NullTracker:
 
     run_id = None
 
-    def __init__(self, cfg, parent_run_id=None, run_name=None, tags=None):
+    def __init__(self, cfg, parent_run_id=None, run_name=None, tags=None, resume_run_id=None):
         self.cfg = cfg
 
     def log_params(self, params):
@@ -146,6 +169,9 @@ class NullTracker:
         pass
 
     def log_artifact(self, path):
+        pass
+
+    def log_artifacts(self, folder, artifact_path):
         pass
 
     def set_tag(self, key, value):

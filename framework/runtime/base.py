@@ -124,6 +124,16 @@ class Runtime(ABC):
         self.process_stats: dict[str, dict] = {}  # real runtimes: each role process's start-up and peak memory
         self.messages_lost = 0
 
+    checkpoints = False  # whether `checkpoint`/`resume` work here (framework.checkpoint)
+
+    def checkpoint(self, bag, prefix: str) -> dict:
+        """At an epoch end where every role waits: the roles' and the runtime's state."""
+        raise NotImplementedError(f"runtime={self.cfg.name} writes no checkpoints")
+
+    def resume(self, bag, desc: dict, epoch: int) -> None:
+        """Make `run` continue from a checkpoint taken at the end of `epoch`."""
+        raise NotImplementedError(f"runtime={self.cfg.name} cannot resume")
+
     def prepare(self, scheduler) -> None:
         """Checks that need the scheduler, before the run starts (config errors fail here)."""
         scheduler.check_runtime(self.cfg.name)

@@ -14,6 +14,8 @@ import time
 from collections import defaultdict, deque
 from typing import Any, Callable
 
+import torch
+
 from framework.clock import VirtualClockLoop, run_virtual
 from framework.cluster import Cluster, Work
 from framework.errors import ConfigError
@@ -115,7 +117,7 @@ class SimContext(RoleContext):
     async def end_epoch(self, epoch: int) -> None:
         self.waiting_on = ("epoch", epoch)
         rt = self.rt
-        await rt.barrier(("epoch", epoch), lambda: rt.hooks.on_epoch_end(epoch, self.now(), rt.states))
+        await rt.barrier(("epoch", epoch), self.role, lambda: rt.hooks.on_epoch_end(epoch, self.now(), rt.states))
 
     def iteration_done(self, epoch: int, iteration: int, samples: int) -> None:
         self.rt.hooks.on_iteration(epoch, iteration, samples, self.now())
@@ -135,6 +137,8 @@ class SimRuntime(Runtime):
         self.device_queues = {name: _DeviceQueue(dev.slots) for name, dev in cluster.devices.items()}
         self._mailboxes: dict = defaultdict(_Mailbox)
         self._barriers: dict = {}
+        self._resume_order: list[str] = []
+        self._resume: tuple | None = None  # (bag, desc, epoch) of a checkpoint to continue from
 
     def states(self) -> dict[str, dict]:
         """Every role's state now (they all live in this process; no copies are made)."""
@@ -204,10 +208,13 @@ class SimRuntime(Runtime):
 
         self.loop.create_task(work())
 
-    async def barrier(self, key, on_complete: Callable[[], None]) -> None:
-        state = self._barriers.setdefault(key, {"count": 0, "fut": self.loop.create_future()})
-        state["count"] += 1
-        if state["count"] == len(self.contexts):
+    async def barrier(self, key, role: str, on_complete: Callable[[], None]) -> None:
+        state = self._barriers.setdefault(key, {"arrived": [], "fut": self.loop.create_future()})
+        state["arrived"].append(role)
+        if len(state["arrived"]) == len(self.contexts):
+            # the last to arrive goes on first, then the others in the order they came (the
+            # futures' callbacks): a run resumed from here starts its roles in this order
+            self._resume_order = state["arrived"][-1:] + state["arrived"][:-1]
             on_complete()
             state["fut"].set_result(None)
             del self._barriers[key]
@@ -229,17 +236,73 @@ class SimRuntime(Runtime):
         waits = "; ".join(f"{r} waits on {self._describe_wait(c)}" for r, c in self.contexts.items() if c.waiting_on != ("done",))
         return f"deadlock at virtual time {self.loop.time():.6f}s: {waits}"
 
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    checkpoints = True
+
+    def checkpoint(self, bag, prefix: str) -> dict:
+        """Every role's state, the clock, the links' channels and loss generators, the timeline
+        and torch's generator (the roles' dropout draws). Nothing may be in flight."""
+        from framework import checkpoint as ck
+
+        busy = [n for n, q in self.device_queues.items() if q.waiters or q.free != self.cluster.device(n).slots]
+        pending = sorted({f"{src}->{dst} {tag}" for (src, dst, tag), box in self._mailboxes.items() if box.items})
+        now = self.loop.time()
+        sending = [ch.name for ch in self.cluster.channels if ch.free_at > now]
+        if busy or pending or sending:
+            raise ck.CheckpointError(f"roles left work in flight at the epoch end (devices busy {busy}, undelivered {pending}, links sending {sending})")
+        return {
+            "now": now,
+            "order": self._resume_order,
+            "channels": {ch.name: ch.free_at for ch in self.cluster.channels},
+            "links": {link.name: ck.random_state(link.rng) for link in self.cluster.links.values()},
+            "messages_lost": self.messages_lost,
+            "timeline": self.timeline.checkpoint(bag, f"{prefix}.timeline"),
+            "torch_rng": bag.put(f"{prefix}.rng", {"torch": torch.get_rng_state()}),
+            "roles": {r: role.checkpoint(bag, f"{prefix}.role.{r}") for r, role in self.roles.items()},
+        }
+
+    def resume(self, bag, desc: dict, epoch: int) -> None:
+        self._resume = (bag, desc, epoch)
+
+    def _restore(self, roles: dict) -> float:
+        """Put the checkpoint's state back into freshly built `roles`; returns the clock."""
+        from framework import checkpoint as ck
+
+        bag, desc, epoch = self._resume
+        missing = set(roles) ^ set(desc["roles"])
+        if missing:
+            raise ck.CheckpointError(f"the checkpoint's roles differ from this run's: {sorted(missing)}")
+        for r, role in roles.items():
+            role.restore(bag, desc["roles"][r])
+            role.first_epoch = epoch + 1
+        channels = {ch.name: ch for ch in self.cluster.channels}
+        for name, free_at in desc["channels"].items():
+            channels[name].free_at = free_at
+        for link in self.cluster.links.values():
+            ck.set_random_state(link.rng, desc["links"][link.name])
+        self.messages_lost = int(desc["messages_lost"])
+        self.timeline.restore(bag, desc["timeline"])
+        torch.set_rng_state(bag.take(desc["torch_rng"])["torch"])
+        return float(desc["now"])
+
     def run(self, scheduler) -> float:
         """Build every role of `scheduler` and run them to the end; returns the virtual makespan."""
         roles = {r: scheduler.build_role(r) for r in scheduler.role_devices()}
+        start = 0.0
+        if self._resume is not None:
+            start = self._restore(roles)
+            order = self._resume[1]["order"]
+            roles = {r: roles[r] for r in order + [r for r in roles if r not in order]}
         try:
-            return self.run_roles(roles)
+            return self.run_roles(roles, start=start)
         finally:
             self.final_states = self.states()
             self.role_stats = {r: role.stats() for r, role in roles.items()}
 
-    def run_roles(self, roles: dict) -> float:
-        """Run these roles (name -> framework.scheduler.Role) to the end; returns the virtual makespan."""
+    def run_roles(self, roles: dict, start: float = 0.0) -> float:
+        """Run these roles (name -> framework.scheduler.Role) to the end from virtual time
+        `start`; returns the virtual makespan."""
         self.roles = roles
         for name, role in roles.items():
             self.contexts[name] = SimContext(self, name, role.device)
@@ -256,4 +319,4 @@ class SimRuntime(Runtime):
             await asyncio.gather(*(wrap(n, r) for n, r in roles.items()))
             return self.loop.time()
 
-        return run_virtual(main(), describe_pending=self.describe_pending)
+        return run_virtual(main(), describe_pending=self.describe_pending, start=start)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from framework import checkpoint as ck
 from framework import registry
 from framework.errors import ConfigError
 from framework.scheduler import Role
@@ -30,7 +33,7 @@ class SLDevice(DeviceRole):
 
     async def run(self, ctx) -> None:
         s, k, P = self.sched, self.k, self.plan.P
-        for epoch in range(s.ctx.cfg.train.epochs):
+        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
             if epoch or k:
                 msg = await ctx.recv("server", "turn")
                 if s.numerics:
@@ -50,24 +53,41 @@ class SLServer(Role):
         self.model = own_copy(sched)
         self.P = sched.plans[0].P
         self.stage = Stage(self.model, self.P, sched.Q, sched.ctx.cfg.train, numerics=sched.numerics)
+        self.latest = None  # the device part last handed back: the next device's start
+        self.served = 0
 
     def state(self) -> dict:
         return {k: v.detach() for k, v in self.model.state_dict().items()} if self.sched.numerics else {}
 
+    def checkpoint(self, bag, prefix: str) -> dict:
+        out = {"served": self.served, "stage": self.stage.checkpoint(bag, f"{prefix}.stage", weights=False)}
+        if self.latest is not None:
+            out["latest"] = bag.put(f"{prefix}.latest", self.latest)
+        if self.sched.numerics:
+            out["model"] = ck.module_state(bag, f"{prefix}.model", self.model)
+        return out
+
+    def restore(self, bag, desc: dict) -> None:
+        if self.sched.numerics:
+            with torch.no_grad():
+                ck.load_module_state(bag, desc["model"], self.model)
+        self.stage.restore(bag, desc["stage"])
+        self.served = int(desc["served"])
+        self.latest = bag.take(desc["latest"]) if "latest" in desc else None
+
     async def run(self, ctx) -> None:
         s = self.sched
-        latest, served = None, 0
-        for epoch in range(s.ctx.cfg.train.epochs):
+        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
             for k in range(s.K):
-                if latest is not None:
-                    ctx.send(f"dev{k}", "turn", latest, iteration=served)
+                if self.latest is not None:
+                    ctx.send(f"dev{k}", "turn", self.latest, iteration=self.served)
                 for _ in range(s.num_iterations(k, s.plans[k])):
                     p = s.plans[k]
-                    await serve_iteration(ctx, self.stage, f"dev{k}", p.N, 1.0 / (p.N * p.micro_batch), served, s.numerics)
-                    served += 1
-                latest = await ctx.recv(f"dev{k}", "handoff")
+                    await serve_iteration(ctx, self.stage, f"dev{k}", p.N, 1.0 / (p.N * p.micro_batch), self.served, s.numerics)
+                    self.served += 1
+                self.latest = await ctx.recv(f"dev{k}", "handoff")
             if s.numerics:
-                s.layout.load(self.model, 0, self.P, latest)
+                s.layout.load(self.model, 0, self.P, self.latest)
             await ctx.end_epoch(epoch)
 
 

@@ -27,6 +27,7 @@ import copy
 
 import torch
 
+from framework import checkpoint as ck
 from framework.cluster import Work
 from framework.runtime.base import PeerLost
 from framework.scheduler import Role
@@ -102,9 +103,26 @@ class DeviceRole(Role):
     def server(self) -> str | None:
         return self.sched.server_role_of(self.k) if self.plan.P < self.sched.Q else None
 
+    def checkpoint(self, bag, prefix: str) -> dict:
+        out = {"plan": {**self.plan.as_dict(), "shortlist": []}, "it": self.it, "stage": self.stage.checkpoint(bag, f"{prefix}.stage", weights=False)}
+        if self.sched.numerics:
+            out["model"] = ck.module_state(bag, f"{prefix}.model", self.model)
+        return out
+
+    def restore(self, bag, desc: dict) -> None:
+        s = self.sched
+        self.plan = DevicePlan.from_dict(desc["plan"])
+        if self.plan.P != self.stage.stop:  # a re-selection had moved the cut
+            self.stage = Stage(self.model, 0, self.plan.P, s.ctx.cfg.train, numerics=s.numerics)
+        if s.numerics:
+            with torch.no_grad():
+                ck.load_module_state(bag, desc["model"], self.model)
+        self.stage.restore(bag, desc["stage"])
+        self.it = int(desc["it"])
+
     async def run(self, ctx) -> None:
         s, k = self.sched, self.k
-        for epoch in range(s.ctx.cfg.train.epochs):
+        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
             n_it, connected = s.active_iterations(k, epoch, self.plan)
             its = s.iteration_batches(k, epoch, self.plan)[:n_it]
             for xs, ys in its:
@@ -197,9 +215,32 @@ class ServerRole(Role):
     def stats(self) -> dict:
         return {"reselections": self.reselections, "lost_devices": sorted(self.gone)}
 
+    def checkpoint(self, bag, prefix: str) -> dict:
+        s = self.sched
+        out = {"plans": {str(k): {**p.as_dict(), "shortlist": []} for k, p in self.plans.items()}, "served": {str(k): n for k, n in self.served.items()}, "gone": sorted(self.gone), "reselections": self.reselections}
+        own = [self.ks[0]] if self.shared else self.ks  # the shared model and stage once
+        out["stages"] = {str(k): self.stages[k].checkpoint(bag, f"{prefix}.stage{k}", weights=False) for k in own}
+        if s.numerics:
+            out["models"] = {str(k): ck.module_state(bag, f"{prefix}.model{k}", self.models[k]) for k in own}
+        return out
+
+    def restore(self, bag, desc: dict) -> None:
+        s = self.sched
+        self.plans = {int(k): DevicePlan.from_dict(p) for k, p in desc["plans"].items()}
+        for k in self.ks if not self.shared else ():  # the shared stage keeps its first cut
+            if self.plans[k].P != self.stages[k].start:  # a re-selection had moved the cut
+                self.stages[k] = self._stage(k)
+        for key, d in desc["stages"].items():
+            if s.numerics:
+                with torch.no_grad():
+                    ck.load_module_state(bag, desc["models"][key], self.models[int(key)])
+            self.stages[int(key)].restore(bag, d)
+        self.served = {int(k): int(n) for k, n in desc["served"].items()}
+        self.gone, self.reselections = set(desc["gone"]), list(desc["reselections"])
+
     async def run(self, ctx) -> None:
         s = self.sched
-        for epoch in range(s.ctx.cfg.train.epochs):
+        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
             counts = {k: s.active_iterations(k, epoch, self.plans[k])[0] for k in self.ks}
             done = {k: 0 for k in self.ks}
             for it in range(max(counts.values(), default=0)):
@@ -275,9 +316,23 @@ class FedRole(Role):
     def stats(self) -> dict:
         return {"rounds": self.rounds, "lost_devices": sorted(self.lost)}
 
+    def checkpoint(self, bag, prefix: str) -> dict:
+        out = {"P": self.P, "bw_at_plan": [list(b) for b in self.bw_at_plan], "lost": sorted(self.lost), "rounds": self.rounds}
+        if self.sched.numerics:
+            out["model"] = ck.module_state(bag, f"{prefix}.model", self.model)
+        return out
+
+    def restore(self, bag, desc: dict) -> None:
+        if self.sched.numerics:
+            with torch.no_grad():
+                ck.load_module_state(bag, desc["model"], self.model)
+        self.P = [int(p) for p in desc["P"]]
+        self.bw_at_plan = [tuple(b) for b in desc["bw_at_plan"]]
+        self.lost, self.rounds = set(desc["lost"]), list(desc["rounds"])
+
     async def run(self, ctx) -> None:
         s = self.sched
-        for epoch in range(s.ctx.cfg.train.epochs):
+        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
             if s.aggregates(epoch):
                 await self.aggregate(ctx, epoch)
             await ctx.end_epoch(epoch)

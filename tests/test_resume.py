@@ -1,0 +1,143 @@
+"""Checkpoints and `train.resume`: a run stopped after an epoch and resumed ends bit for bit where
+an uninterrupted run ends (weights, metrics, virtual time), and loading runs no pickle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import open_dict
+from safetensors.torch import load_file
+
+from framework import checkpoint as ck
+from framework.job import Job
+from tests.conftest import compose_cfg
+from tests.test_cli_and_tracking import cli
+
+SMALL = ["train.epochs=3", "train.iterations_per_epoch=4", "dataset.n_train=512", "dataset.n_val=64", "dataset.n_test=64"]
+
+
+def _job(overrides, out, links=None, resume=None):
+    cfg = compose_cfg(SMALL + overrides + ([f"train.resume={resume}"] if resume else []))
+    if links:
+        with open_dict(cfg):
+            cfg.cluster.links.update(links)
+    return Job(cfg, out)
+
+
+def _stop_after(job, epoch):
+    """Ctrl-C right after `epoch`'s end (and its checkpoint)."""
+    hook = job.on_epoch_end
+
+    def on_epoch_end(e, now, states):
+        hook(e, now, states)
+        if e == epoch:
+            raise KeyboardInterrupt
+
+    job.on_epoch_end = on_epoch_end
+
+
+def _same_run(full_dir, full, resumed_dir, resumed):
+    assert resumed["virtual_time_s"] == full["virtual_time_s"]
+    assert resumed["history"] == full["history"]
+    wall = {k for k in full["metrics"] if "wall" in k}
+    assert {k: v for k, v in resumed["metrics"].items() if k not in wall} == {k: v for k, v in full["metrics"].items() if k not in wall}
+    for key in ("roles", "links", "compression", "staleness", "peak_inflight", "iterations", "samples", "messages_lost", "plan", "rounds"):
+        assert resumed.get(key) == full.get(key), key
+    a, b = load_file(full_dir / "model.safetensors"), load_file(resumed_dir / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _stop_and_resume(tmp_path, overrides, links=None):
+    full = _job(overrides, tmp_path / "full", links).run()
+    job = _job(overrides, tmp_path / "cut", links)
+    _stop_after(job, 0)
+    with pytest.raises(KeyboardInterrupt):
+        job.run()
+    assert json.loads((tmp_path / "cut" / "summary.json").read_text())["status"] == "FAILED"
+    assert ck.exists(tmp_path / "cut")
+    resumed_job = _job(overrides, tmp_path / "elsewhere", links, resume=tmp_path / "cut")
+    assert resumed_job.resumed_epoch == 0 and resumed_job.out_dir == tmp_path / "cut"  # it goes on in its own folder
+    resumed = resumed_job.run()
+    _same_run(tmp_path / "full", full, tmp_path / "cut", resumed)
+    return full, resumed
+
+
+def test_gpipe_resumed_after_epoch_1_of_3_is_bit_identical(tmp_path):
+    _stop_and_resume(tmp_path, [])
+
+
+def test_pipar_resumed_after_epoch_1_of_3_is_bit_identical_with_a_moved_cut(tmp_path):
+    # dev0's uplink drops during epoch 0: the server re-plans dev0 at that epoch's end, so the
+    # checkpoint holds a plan (and stages) that differ from the initial ones
+    ov = ["scheduler=pipar", "cluster=pipar_wifi", "cluster.num_devices=2", "model=vgg5", "dataset=synthetic_cifar10", "train.batch_size=32", "compressor=mbq"]
+    full, resumed = _stop_and_resume(tmp_path, ov, links={"dev0->server": {"trace": [[0.0, 50e6], [0.01, 2e6]]}})
+    assert [r["device"] for r in full["plan"]["reselections"]] == [0]
+    assert resumed["plan"] == full["plan"] and resumed["rounds"] == full["rounds"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["scheduler=pipedream", "cluster=uniform", "cluster.num_devices=3", "model=mlp", "compressor=uniform_stochastic"],
+        ["scheduler=1f1b", "model=mlp", "cluster.link.loss=0.2", "scheduler.partition=[2]", "scheduler.repartition=[[2,[1]]]"],
+        ["scheduler=sl", "cluster=pipar_4g", "model=mlp", "runtime.numerics=false"],
+    ],
+    ids=["pipedream-stochastic-codec", "1f1b-lossy-repartition", "sl-timing-only"],
+)
+def test_other_schedules_resume_bit_identical(tmp_path, overrides):
+    if "runtime.numerics=false" in overrides:  # no weights to compare: times and counts only
+        full = _job(overrides, tmp_path / "full").run()
+        job = _job(overrides, tmp_path / "cut")
+        _stop_after(job, 0)
+        with pytest.raises(KeyboardInterrupt):
+            job.run()
+        resumed = _job(overrides, tmp_path / "x", resume=tmp_path / "cut").run()
+        assert resumed["virtual_time_s"] == full["virtual_time_s"] and resumed["links"] == full["links"] and resumed["roles"] == full["roles"]
+    else:
+        _stop_and_resume(tmp_path, overrides)
+
+
+def test_checkpoint_files_are_safetensors_and_json(tmp_path):
+    _job(["train.epochs=1"], tmp_path).run()
+    files = sorted(p.name for p in (tmp_path / ck.DIR).iterdir())
+    assert files == ["meta.json", "state.safetensors"]
+    bag = ck.load(tmp_path)
+    assert bag.meta["epoch"] == 0 and any(k.startswith("runtime.role.stage1.stage.optimizer") for k in bag.tensors)  # momentum buffers
+
+
+def test_resume_errors_name_the_key(tmp_path):
+    from framework.errors import ConfigError
+
+    _job(["train.epochs=1", "train.checkpoint=false"], tmp_path / "nock").run()
+    with pytest.raises(ConfigError, match="train.resume.*no checkpoint"):
+        _job(["train.epochs=1"], tmp_path / "x", resume=tmp_path / "nock")
+    _job(["train.epochs=1"], tmp_path / "done").run()
+    with pytest.raises(ConfigError, match="finished all 1 epochs.*raise train.epochs"):
+        _job(["train.epochs=1"], tmp_path / "x", resume=tmp_path / "done")
+    with pytest.raises(ConfigError, match="another config"):
+        _job(["train.epochs=2", "train.lr=0.01"], tmp_path / "x", resume=tmp_path / "done")
+
+
+def test_cli_resume_continues_the_same_mlflow_run(tmp_path, mlflow_store):
+    tracking, client = mlflow_store
+    tiny = ["model=mlp", "train.iterations_per_epoch=3", "dataset.n_train=256", "dataset.n_val=64", "dataset.n_test=64", "runtime.progress=false"]
+    first = cli(tracking + tiny + ["train.epochs=1", "hydra.run.dir=run"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    run_dir = tmp_path / "run"
+    bad = cli(tracking + [f"train.resume={run_dir}", "train.lr=0.5"], tmp_path)
+    assert bad.returncode == 2 and "drop train.lr" in bad.stderr and "Traceback" not in bad.stderr
+    res = cli(tracking + [f"train.resume={run_dir}", "train.epochs=2"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert f"resuming {run_dir} after epoch 0 of 2" in res.stderr and str(run_dir) in res.stdout
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1  # the same MLflow run went on
+    run = runs[0]
+    assert run.info.status == "FINISHED" and "after epoch 0" in run.data.tags["pipelab.resumed"]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val/acc")]
+    assert steps == [3, 6]  # one value per epoch, on the iterations axis
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "FINISHED" and len(summary["history"]["val/acc"]) == 2
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, ck.DIR)}
+    assert arts == {f"{ck.DIR}/meta.json", f"{ck.DIR}/state.safetensors"}
