@@ -45,7 +45,8 @@ def app(cfg: DictConfig) -> float | None:
         from framework import checkpoint
 
         hint = f"; continue it with train.resume={out_dir}" if checkpoint.exists(out_dir) else ""
-        print(f"interrupted: the MLflow run is marked FAILED; outputs so far are in {out_dir}{hint}", file=sys.stderr)
+        tracked = "the MLflow run is marked FAILED; " if cfg.tracking.name == "mlflow" else ""
+        print(f"interrupted: {tracked}outputs so far are in {out_dir}{hint}", file=sys.stderr)
         sys.exit(130)
     m = summary["metrics"]
     parts = [f"{summary.get('clock', 'virtual')} time {summary['virtual_time_s']:.4g}s"]

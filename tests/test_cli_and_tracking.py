@@ -191,6 +191,8 @@ def test_ctrl_c_marks_the_run_failed_and_keeps_outputs(tmp_path, mlflow_store):
             proc.kill()
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err  # one line, no asyncio noise
+    assert f"train.resume={tmp_path / 'run'}" in err  # a checkpoint exists: how to go on
     assert [r.info.status for r in all_runs(client)] == ["FAILED"]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["status"] == "FAILED" and s["iterations"] > 0

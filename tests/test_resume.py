@@ -77,6 +77,7 @@ def test_pipar_resumed_after_epoch_1_of_3_is_bit_identical_with_a_moved_cut(tmp_
     assert resumed["plan"] == full["plan"] and resumed["rounds"] == full["rounds"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [
