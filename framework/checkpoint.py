@@ -122,7 +122,8 @@ def module_state(bag: Bag, prefix: str, module) -> dict:
 
 
 def load_module_state(bag: Bag, desc: dict, module) -> None:
-    module.load_state_dict(bag.take(desc))
+    with torch.no_grad():  # copies into the live parameters (optimizers keep pointing at them)
+        module.load_state_dict(bag.take(desc))
 
 
 def random_state(rng) -> list:

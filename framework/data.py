@@ -9,9 +9,11 @@ distributed run draws the same batches without talking to the others.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+SPLITS = ("train", "val", "test")
 
 
 @dataclass
@@ -24,10 +26,42 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    # where each split's data came from (a file path, `synthetic:seed=0`): provenance for the
+    # run's records (MLflow dataset inputs); a split not named here is recorded as `plugin:<name>`
+    sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
+
+    def source(self, split: str) -> str:
+        self.split(split)  # an unknown split is an error here too
+        return self.sources.get(split) or f"plugin:{self.name}"
+
+    def digest(self, split: str) -> str:
+        """XXH3-64 (hex) of one split's inputs and labels: their dtypes, shapes and bytes. Equal
+        data give equal digests in every process; a cast (float64) or one changed sample does not.
+        Cheap: one pass over the bytes, no copy for the contiguous CPU tensors datasets hold."""
+        import xxhash
+
+        h = xxhash.xxh3_64()
+        for t in self.split(split):
+            t = t.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{list(t.shape)};".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # the raw bytes, whatever the dtype
+        return h.hexdigest()
+
+    def profile(self, split: str) -> dict:
+        """What one split holds: sample count, per-sample input shape and dtype, classes and the
+        samples per class."""
+        x, y = self.split(split)
+        return {
+            "num_samples": len(x),
+            "input_shape": list(x.shape[1:]),
+            "input_dtype": str(x.dtype).removeprefix("torch."),
+            "num_classes": self.num_classes,
+            "class_counts": torch.bincount(y.long(), minlength=self.num_classes).tolist(),
+        }
 
     def to(self, dtype: torch.dtype) -> "Dataset":
         """Inputs cast to `dtype` (labels stay int64)."""
@@ -42,6 +76,7 @@ class Dataset:
             self.x_test.to(dtype),
             self.y_test,
             self.num_classes,
+            dict(self.sources),
         )
 
     def split(self, which: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -148,7 +148,6 @@ class Stage:
         self.version, self.peak_inflight, self.staleness = int(desc["version"]), int(desc["peak_inflight"]), list(desc["staleness"])
         if self.numerics:
             if "module" in desc:
-                with torch.no_grad():
-                    ck.load_module_state(bag, desc["module"], self.module)
+                ck.load_module_state(bag, desc["module"], self.module)
             ck.load_optimizer_state(bag, desc["optimizer"], self.optimizer)
 

@@ -5,16 +5,22 @@
 - The run ends FINISHED, or FAILED on any exception or Ctrl-C: never left RUNNING.
 - Parallel multirun jobs would race to create a fresh store, so the launching process creates
   it, with the parent run, in a Hydra callback (`MultirunParent`) and leaves the parent's id in
-  the sweep directory for the jobs to find.
+  the sweep directory for the jobs to find. Independent processes opening a fresh store at once
+  take turns (`_store_creation_lock`), and a SQLite write locked out past MLflow's own 20 s wait is
+  tried again (`RetryingClient`).
+- `tracking.uri=http://...`: a tracking server, for jobs on several machines; it chooses where
+  artifacts go.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,12 @@ from framework.config import SWEEP_KEYS_FILE, TrackingConfig, read_sweep_keys
 from framework.registry import register
 
 PARENT_FILE = "mlflow_parent_run_id"
+# MLflow's kind of experiment: model training ("Machine learning" in the UI's kind selector), not
+# a GenAI app (traces, evaluations). MLflow 3.17's UI picks the tab an experiment opens on from
+# its sidebar switch *GenAI | Model training* (or `?workflowType=machine_learning` in the URL),
+# not from this tag; the tag is the experiment's own record of what it is (README: MLflow UI).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 def _quiet_mlflow() -> None:
@@ -37,25 +49,150 @@ def _ensure_sqlite_dir(uri: str) -> None:
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
 
 
+def is_server(uri: str) -> bool:
+    """A tracking server (`http://host:5000`): it chooses where artifacts go, and every machine
+    that reaches it can log there."""
+    return uri.startswith(("http://", "https://"))
+
+
+@contextmanager
+def _store_creation_lock(uri: str):
+    """One process at a time opens a SQLite store for the first time. MLflow creates a fresh
+    store's tables on first access; two processes doing it at once fail ("table experiments already
+    exists", "duplicate column name", a half-migrated alembic_version: seen with 4 processes
+    starting together). An exclusive flock on the store's folder, POSIX only; nothing for servers."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (start one process first to create the store)
+        yield
+        return
+    fd = os.open(Path(uri[len("sqlite:///") :]).absolute().parent, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some NFS mounts): go on without
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+LOCK_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def retry_when_locked(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, called again after a pause (0.5 s, doubling, 6 times) while SQLite
+    says "database is locked". MLflow already waits up to 20 s for a lock (its busy_timeout), which
+    covers ordinary contention: 8 processes x 200 batch writes at once never met it. This covers a
+    lock held longer than that (a backup, a VACUUM, `mlflow gc`, a stalled reader on a loaded disk).
+    A locked write is rolled back whole, so calling it again cannot write anything twice."""
+    for delay in LOCK_RETRY_DELAYS_S + (None,):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if delay is None or "database is locked" not in str(e):
+                raise
+            print(f"warning: MLflow store busy for over 20 s ({getattr(fn, '__name__', 'call')}); trying again in {delay:g} s", file=sys.stderr)
+            time.sleep(delay)
+
+
+class RetryingClient:
+    """An MlflowClient on a SQLite store whose calls go through `retry_when_locked`."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name == "_client":  # unpickling (a joblib job's copy of the callback) asks before _client is set
+            raise AttributeError(name)
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args, **kwargs):
+            return retry_when_locked(attr, *args, **kwargs)
+
+        return call
+
+
 def client_and_experiment(cfg) -> tuple[Any, str]:
     """An MlflowClient on `cfg.uri` and the id of experiment `cfg.experiment` (created if new)."""
     _quiet_mlflow()
     from mlflow.tracking import MlflowClient
 
     _ensure_sqlite_dir(cfg.uri)
-    client = MlflowClient(tracking_uri=cfg.uri)
-    exp = client.get_experiment_by_name(cfg.experiment)
+    with _store_creation_lock(cfg.uri):  # the first access creates a fresh SQLite store's tables
+        client = MlflowClient(tracking_uri=cfg.uri)
+        if cfg.uri.startswith("sqlite:"):
+            client = RetryingClient(client)
+        exp = client.get_experiment_by_name(cfg.experiment)
     if exp is not None:
+        _declare_kind(client, exp)
         return client, exp.experiment_id
-    root = Path(cfg.artifact_root).absolute()
-    root.mkdir(parents=True, exist_ok=True)
+    location = None  # a tracking server puts artifacts where it was told (--artifacts-destination)
+    if not is_server(cfg.uri):
+        root = Path(cfg.artifact_root).absolute()
+        root.mkdir(parents=True, exist_ok=True)
+        location = root.as_uri()
     try:
-        return client, client.create_experiment(cfg.experiment, artifact_location=root.as_uri())
+        return client, client.create_experiment(cfg.experiment, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except Exception:  # another process created it first
         exp = client.get_experiment_by_name(cfg.experiment)
         if exp is None:
             raise
         return client, exp.experiment_id
+
+
+def _declare_kind(client, exp) -> None:
+    """Tag an experiment made without a kind (by an older pipelab, or by hand) as model training;
+    a kind someone already chose is left alone."""
+    if exp.tags.get(EXPERIMENT_KIND_TAG):
+        return
+    try:
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    except Exception as e:  # a store we may not write experiment tags to: the run still goes on
+        print(f"warning: could not tag experiment {exp.name!r} as model training: {e}", file=sys.stderr)
+
+
+def dataset_inputs(dataset) -> list:
+    """A `framework.data.Dataset` as MLflow dataset inputs, one per split, each tagged with its
+    context (`mlflow.data.context`: `train`, `val`, `test`): named after the dataset, the digest of
+    the split's tensors (`Dataset.digest`), its source as MLflow's `{"uri": ...}` JSON (type
+    `local` for a file, `code` for generated data such as `synthetic:seed=0`), a tensor schema as
+    `mlflow.data.from_numpy` writes one (`mlflow_tensorspec`) and a profile (split, sizes, shapes,
+    classes). An empty split (`dataset.n_val=0`) is no input: it holds no data to record."""
+    from mlflow.data.schema import TensorDatasetSchema
+    from mlflow.entities import Dataset as MlflowDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.types.schema import Schema, TensorSpec
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    from framework.data import SPLITS
+
+    out = []
+    for split in SPLITS:
+        x, y = dataset.split(split)
+        if len(x) == 0:
+            continue
+        source = dataset.source(split)
+        schema = TensorDatasetSchema(
+            features=Schema([TensorSpec(x[:0].detach().cpu().numpy().dtype, (-1, *x.shape[1:]))]),
+            targets=Schema([TensorSpec(y[:0].detach().cpu().numpy().dtype, (-1, *y.shape[1:]))]),
+        )
+        entity = MlflowDataset(
+            name=dataset.name,
+            digest=dataset.digest(split),
+            source_type="local" if os.path.isabs(source) else "code",
+            source=json.dumps({"uri": source}),
+            schema=json.dumps(schema.to_dict()),
+            profile=json.dumps({"split": split, **dataset.profile(split)}),
+        )
+        out.append(DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, split)]))
+    return out
 
 
 def mlflow_name(name: str) -> str:
@@ -88,9 +225,15 @@ class MlflowTracker:
         self._Metric = Metric
         self.cfg = cfg
         self.client, self.experiment_id = client_and_experiment(cfg)
-        all_tags = dict(tags or {})
+        from framework import faults
+
+        faults.reap_orphans(self.client, self.experiment_id)  # runs left RUNNING by a SIGKILL
+        all_tags = {**(tags or {}), **faults.process_tags()}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
+            num = job_num()
+            if num is not None:  # the sweep's order (parallel jobs start in any order): ties go to the first
+                all_tags["pipelab.job_num"] = str(num)
         self._logged_params: dict = {}
         run = self._continued(resume_run_id)
         if run is not None:
@@ -120,6 +263,10 @@ class MlflowTracker:
         items = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in self._logged_params]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def log_dataset(self, dataset) -> None:
+        """The run's data (`framework.data.Dataset`) as MLflow dataset inputs, one per split."""
+        self.client.log_inputs(self.run_id, datasets=dataset_inputs(dataset))
 
     def log_metric(self, key: str, value: float, step: int = 0) -> None:
         self._buffer.append(self._Metric(key, float(value), int(time.time() * 1000), int(step)))
@@ -162,6 +309,9 @@ class NullTracker:
     def log_params(self, params):
         pass
 
+    def log_dataset(self, dataset):
+        pass
+
     def log_metric(self, key, value, step=0):
         pass
 
@@ -199,20 +349,36 @@ class MultirunParent(Callback):
         self.failed = False
         self.client = None
         self.experiment_id = None
+        self.ended = False
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        from omegaconf import OmegaConf
+
+        from framework import faults
+
         tcfg = config.tracking
+        check_objective(config)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        space = sweeper_params(config)  # a search space in the config (an Optuna preset's)
+        task = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]  # `${..}` stays text
+        keys = swept_keys(task)
+        given = {o.split("=", 1)[0].lstrip("+~") for o in task if "=" in o}  # the command line wins over the config's space
+        keys += [k for k in swept_keys([f"{k}={v}" for k, v in space.items()]) if k not in given]
+        (sweep_dir / SWEEP_KEYS_FILE).write_text(json.dumps(keys))  # job folders and run names use it, tracked or not
         if tcfg.name != "mlflow":
             return
         self.client, exp_id = client_and_experiment(tcfg)
         self.experiment_id = exp_id
-        sweep_dir = Path(config.hydra.sweep.dir)
-        run = self.client.create_run(exp_id, run_name=f"sweep {sweep_dir.name}", tags={"pipelab.sweep_dir": str(sweep_dir), "mlflow.note.content": " ".join(config.hydra.overrides.task)})
+        note = " ".join(task + [f"{k}={v}" for k, v in space.items()])
+        tags = {"pipelab.sweep_dir": str(sweep_dir), "mlflow.note.content": note, **faults.process_tags()}
+        run = self.client.create_run(exp_id, run_name=f"sweep {sweep_dir.name}", tags=tags)
         self.run_id = run.info.run_id
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(self.run_id)
-        (sweep_dir / SWEEP_KEYS_FILE).write_text(json.dumps(swept_keys(list(config.hydra.overrides.task))))
         os.environ["PIPELAB_PARENT_RUN_ID"] = self.run_id
+        import atexit
+
+        atexit.register(self._end_if_abandoned)  # a sweep that raises never calls on_multirun_end
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
         from hydra.core.utils import JobStatus
@@ -225,11 +391,60 @@ class MultirunParent(Callback):
             try:
                 from framework.sweep_summary import summarize_sweep
 
-                summarize_sweep(self.client, self.experiment_id, self.run_id, config.tracking, Path(config.hydra.sweep.dir))
+                result = summarize_sweep(self.client, self.experiment_id, self.run_id, config.tracking, Path(config.hydra.sweep.dir))
+                # jobs in other processes (joblib, submitit) call on_job_end on their own copy of
+                # this callback: the children's statuses in the store say whether one failed
+                self.failed |= any(row.get("status") == "FAILED" for row in result["rows"])
             except Exception as e:  # the comparison must never hide the sweep's own outcome
                 print(f"warning: could not summarise the sweep on its parent run: {e}", file=sys.stderr)
+            self.ended = True
             self.client.set_terminated(self.run_id, status="FAILED" if self.failed else "FINISHED")
             os.environ.pop("PIPELAB_PARENT_RUN_ID", None)
+
+    def _end_if_abandoned(self) -> None:
+        """At exit: a sweep that stopped on a failed job (Hydra raises before on_multirun_end)
+        leaves its parent FAILED, never RUNNING, and so the children it stopped mid-run (a joblib
+        pool is torn down with the sweep)."""
+        if self.run_id and self.client is not None and not self.ended:
+            self.ended = True
+            from framework.faults import close_sweep
+
+            close_sweep(self.client, self.experiment_id, self.run_id, status="FAILED")
+
+
+def sweeper_params(config) -> dict:
+    """`hydra.sweeper.params`: a search space given in the config (Optuna's, or the basic
+    sweeper's) rather than on the command line, as {key: sweep expression}."""
+    from omegaconf import OmegaConf
+
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
+    return {str(k): str(v) for k, v in params.items()} if params else {}
+
+
+def check_objective(config) -> None:
+    """Before a sweep starts: what it optimises is well formed (`framework.objective.check`), and
+    an Optuna study goes the way the parent run picks its best child (`hydra.sweeper.direction`
+    agrees with `tracking.optimized_direction`). Exits with status 2 and one line otherwise."""
+    from omegaconf import OmegaConf
+
+    from framework import objective
+    from framework.errors import PipelabError
+
+    try:
+        objective.check(config.tracking)
+    except PipelabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+    if direction is None or OmegaConf.is_list(direction) or isinstance(direction, (list, tuple)):
+        return  # no direction (the basic sweeper), or a multi-objective study
+    name = str(getattr(direction, "name", direction))
+    want = {"max": "maximize", "min": "minimize"}.get(str(config.tracking.optimized_direction))
+    if want and name != want:
+        print(f"error: hydra.sweeper.direction={name} disagrees with tracking.optimized_direction={config.tracking.optimized_direction}: "
+              f"the sweeper would {name[:3]}imise {config.tracking.optimized_metric} while the parent run names the best child by its {config.tracking.optimized_direction}imum; "
+              f"set one of them (the Optuna presets use hydra.sweeper.direction=${{pipelab_study_direction:${{tracking.optimized_direction}}}})", file=sys.stderr)
+        sys.exit(2)
 
 
 def swept_keys(overrides: list[str]) -> list[str]:
@@ -257,6 +472,18 @@ def sweep_keys() -> set[str]:
     from hydra.core.hydra_config import HydraConfig
 
     return read_sweep_keys(HydraConfig.get().sweep.dir)
+
+
+def job_num() -> int | None:
+    """This job's number in its multirun (`hydra.job.num`), None outside one."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except ValueError:
+        return None
+    return int(hc.job.num) if hc.mode == RunMode.MULTIRUN and hc.job.get("num") is not None else None
 
 
 def parent_run_id() -> str | None:

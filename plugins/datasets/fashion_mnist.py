@@ -80,6 +80,8 @@ def fashion_mnist(cfg) -> Dataset:
         _normalise(x_te[:n_test]),
         y_te[:n_test].clone(),
         10,
+        # the validation split is the tail of the training images
+        {"train": os.path.abspath(paths["train_images"]), "val": os.path.abspath(paths["train_images"]), "test": os.path.abspath(paths["test_images"])},
     )
 
 

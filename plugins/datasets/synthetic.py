@@ -116,7 +116,8 @@ def make_synthetic(cfg, name: str, *, sinusoids: bool = False) -> Dataset:
     per_channel = len(shape) >= 2 if sinusoids else len(shape) >= 3
     x = _standardise(x, sizes[0], per_channel)
     xs = torch.split(x, sizes)
-    return Dataset(name, xs[0], ys[0], xs[1], ys[1], xs[2], ys[2], k)
+    source = f"synthetic:seed={int(_get(cfg, 'seed', 0))}"  # the generator and its seed: nothing on disk
+    return Dataset(name, xs[0], ys[0], xs[1], ys[1], xs[2], ys[2], k, {"train": source, "val": source, "test": source})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from framework import checkpoint as ck
 from framework import registry
 from framework.errors import ConfigError
@@ -69,8 +67,7 @@ class SLServer(Role):
 
     def restore(self, bag, desc: dict) -> None:
         if self.sched.numerics:
-            with torch.no_grad():
-                ck.load_module_state(bag, desc["model"], self.model)
+            ck.load_module_state(bag, desc["model"], self.model)
         self.stage.restore(bag, desc["stage"])
         self.served = int(desc["served"])
         self.latest = bag.take(desc["latest"]) if "latest" in desc else None

@@ -115,8 +115,7 @@ class DeviceRole(Role):
         if self.plan.P != self.stage.stop:  # a re-selection had moved the cut
             self.stage = Stage(self.model, 0, self.plan.P, s.ctx.cfg.train, numerics=s.numerics)
         if s.numerics:
-            with torch.no_grad():
-                ck.load_module_state(bag, desc["model"], self.model)
+            ck.load_module_state(bag, desc["model"], self.model)
         self.stage.restore(bag, desc["stage"])
         self.it = int(desc["it"])
 
@@ -232,8 +231,7 @@ class ServerRole(Role):
                 self.stages[k] = self._stage(k)
         for key, d in desc["stages"].items():
             if s.numerics:
-                with torch.no_grad():
-                    ck.load_module_state(bag, desc["models"][key], self.models[int(key)])
+                ck.load_module_state(bag, desc["models"][key], self.models[int(key)])
             self.stages[int(key)].restore(bag, d)
         self.served = {int(k): int(n) for k, n in desc["served"].items()}
         self.gone, self.reselections = set(desc["gone"]), list(desc["reselections"])
@@ -324,8 +322,7 @@ class FedRole(Role):
 
     def restore(self, bag, desc: dict) -> None:
         if self.sched.numerics:
-            with torch.no_grad():
-                ck.load_module_state(bag, desc["model"], self.model)
+            ck.load_module_state(bag, desc["model"], self.model)
         self.P = [int(p) for p in desc["P"]]
         self.bw_at_plan = [tuple(b) for b in desc["bw_at_plan"]]
         self.lost, self.rounds = set(desc["lost"]), list(desc["rounds"])

@@ -1,0 +1,141 @@
+"""What a run leaves behind when it is stopped from outside, and how the next one cleans it up.
+
+- SIGTERM (a scheduler's time limit, `kill`, `docker stop`) is handled like Ctrl-C: the run writes
+  its summary, its MLflow run ends FAILED, the process exits 143 (`Terminated` is a
+  KeyboardInterrupt, so every `finally` and `except KeyboardInterrupt` on the way runs).
+- SIGKILL cannot be handled. Every MLflow run records the host, pid and the process's start time
+  (`pipelab.host`, `pipelab.pid`, `pipelab.pid_start`); the next run that opens the same store marks
+  runs still RUNNING whose process on this host is gone as FAILED (`pipelab.reaped` says why). Runs
+  started on other hosts are left alone: from here nobody can tell whether they still run.
+- An interrupted sweep closes its parent run and any child still RUNNING as FAILED.
+- Private temporary folders (a run's broker, its credential files) carry their owner's pid; the
+  next run removes those whose owner was killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+SIGTERM_EXIT = 143  # 128 + SIGTERM, what shells report for a terminated process
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, handled as an interruption."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def handle_sigterm() -> None:
+    """Turn SIGTERM into `Terminated` in this process (the main thread only, as Python allows)."""
+    try:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread (an embedding application): leave its handler
+        pass
+
+
+def exit_code(interruption: BaseException) -> int:
+    return SIGTERM_EXIT if isinstance(interruption, Terminated) else 130
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), so a reused pid is not taken
+    for the process that started the run."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def process_tags() -> dict[str, str]:
+    pid = os.getpid()
+    tags = {"pipelab.host": socket.gethostname(), "pipelab.pid": str(pid)}
+    start = _start_time(pid)
+    if start is not None:
+        tags["pipelab.pid_start"] = start
+    return tags
+
+
+def _alive(tags: dict) -> bool:
+    try:
+        pid = int(tags["pipelab.pid"])
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (KeyError, ValueError, PermissionError, OverflowError):
+        return True  # no pid recorded, or a process we may not signal: assume it runs
+    start = tags.get("pipelab.pid_start")
+    return start is None or _start_time(pid) in (None, start)
+
+
+def reap_orphans(client, experiment_id: str) -> list[str]:
+    """Mark FAILED the runs of `experiment_id` still RUNNING whose process on this host is gone
+    (killed with SIGKILL, or the machine lost power). Returns their ids."""
+    host = socket.gethostname()
+    try:
+        runs = client.search_runs([experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`pipelab.host` = '{host}'", max_results=1000)
+    except Exception:  # a store that cannot filter this way: nothing reaped, the run goes on
+        return []
+    reaped = []
+    for run in runs:
+        tags = run.data.tags
+        if _alive(tags):
+            continue
+        try:
+            client.set_tag(run.info.run_id, "pipelab.reaped", f"process {tags.get('pipelab.pid')} on {host} had ended without closing the run (killed?)")
+            client.set_terminated(run.info.run_id, status="FAILED")
+            reaped.append(run.info.run_id)
+        except Exception as e:  # another process reaped it first, or the store is read-only
+            print(f"warning: could not close orphaned run {run.info.run_id}: {e}", file=sys.stderr)
+    if reaped:
+        print(f"note: marked {len(reaped)} MLflow run(s) FAILED whose process had been killed: {', '.join(r[:8] for r in reaped)}", file=sys.stderr)
+    return reaped
+
+
+def close_sweep(client, experiment_id: str, parent_id: str, status: str = "FAILED") -> None:
+    """End a sweep's parent run and whatever child is still RUNNING (jobs killed with it)."""
+    try:
+        children = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'RUNNING'", max_results=5000)
+        for run in children:
+            client.set_terminated(run.info.run_id, status="FAILED")
+        client.set_terminated(parent_id, status=status)
+    except Exception as e:  # the sweep's own outcome matters more than its bookkeeping
+        print(f"warning: could not close the sweep's MLflow runs: {e}", file=sys.stderr)
+
+
+# ---- temporary folders of a killed run -------------------------------------------------------------
+
+OWNER_FILE = ".pipelab-owner"
+
+
+def own_dir(path) -> None:
+    """Mark a private temporary folder with this process (pid and start time), so that after a
+    SIGKILL the next run can tell it is nobody's and remove it (`remove_stale_dirs`)."""
+    tags = process_tags()
+    (Path(path) / OWNER_FILE).write_text(f"{tags['pipelab.pid']} {tags.get('pipelab.pid_start', '')}\n")
+
+
+def remove_stale_dirs(prefix: str) -> list[str]:
+    """Remove the temp folders named `prefix*` whose owner process is gone (a run killed with
+    SIGKILL cannot clean up after itself). Folders without an owner mark are left alone."""
+    import shutil
+    import tempfile
+
+    removed = []
+    root = Path(tempfile.gettempdir())
+    for d in root.glob(prefix + "*"):
+        try:
+            pid, *start = (d / OWNER_FILE).read_text().split()
+        except (OSError, ValueError):
+            continue
+        tags = {"pipelab.pid": pid, **({"pipelab.pid_start": start[0]} if start else {})}
+        if not _alive(tags):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    return removed

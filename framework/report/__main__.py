@@ -1,0 +1,5 @@
+import sys
+
+from framework.report.cli import main
+
+sys.exit(main())

@@ -1,0 +1,140 @@
+"""Runs stopped from outside: SIGTERM is handled like Ctrl-C, a SIGKILLed run is closed by the next
+run on the store, nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from tests.test_cli_and_tracking import REPO, TINY, all_runs, cli
+
+LONG = ["model=mlp", "train.epochs=200", "runtime.progress=false", "dataset.n_train=512", "dataset.n_val=64", "dataset.n_test=64"]
+
+
+def _start(args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, "-m", "framework", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_until_training(client, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if any(r.info.status == "RUNNING" and "time/epoch_virtual_s" in r.data.metrics for r in all_runs(client)):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"the run did not reach its first epoch end: {proc.poll()}")
+
+
+def _pipelab_temp_dirs() -> set[str]:
+    return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("pipelab")}
+
+
+def test_sigterm_is_handled_like_ctrl_c(tmp_path, mlflow_store):
+    tracking, client = mlflow_store
+    proc = _start(tracking + LONG + [f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    try:
+        _wait_until_training(client, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().startswith("terminated:") and len(err.strip().splitlines()) == 1, err
+    assert [r.info.status for r in all_runs(client)] == ["FAILED"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "FAILED" and summary["iterations"] > 0
+
+
+def test_a_sigkilled_run_is_closed_by_the_next_run_on_the_store(tmp_path, mlflow_store):
+    tracking, client = mlflow_store
+    proc = _start(tracking + LONG + [f"hydra.run.dir={tmp_path / 'killed'}"], tmp_path)
+    try:
+        _wait_until_training(client, proc)
+        proc.kill()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    (killed,) = all_runs(client)
+    assert killed.info.status == "RUNNING"  # nobody could close it
+    res = cli(tracking + TINY, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "marked 1 MLflow run(s) FAILED" in res.stderr
+    runs = {r.info.run_id: r for r in all_runs(client)}
+    assert runs[killed.info.run_id].info.status == "FAILED" and "killed" in runs[killed.info.run_id].data.tags["pipelab.reaped"]
+    assert [r.info.status for r in runs.values() if r.info.run_id != killed.info.run_id] == ["FINISHED"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mosquitto") is None, reason="needs mosquitto (apt-get install mosquitto)")
+def test_sigterm_of_a_local_run_leaves_no_process_or_directory(tmp_path, mlflow_store):
+    tracking, client = mlflow_store
+    before = _pipelab_temp_dirs()
+    proc = _start(tracking + LONG + ["runtime=local", "transport=mqtt", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    try:
+        _wait_until_training(client, proc, timeout=180)
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert children  # role processes and the private broker
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    assert [r.info.status for r in all_runs(client)] == ["FAILED"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "FAILED"
+    time.sleep(0.5)
+    alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read().lower()]
+    assert not alive, alive
+    assert _pipelab_temp_dirs() <= before  # no broker or role directory left in the temp folder
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_joblib_sweep_leaves_no_run_running(tmp_path, mlflow_store):
+    tracking, client = mlflow_store
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    args = [sys.executable, "-m", "framework", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.lr=0.01,0.02,0.03", *tracking, *LONG, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    # a terminal's Ctrl-C reaches the whole foreground process group: the launcher and its workers
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and sum("time/epoch_virtual_s" in r.data.metrics for r in all_runs(client)) < 2:
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    statuses = sorted(r.info.status for r in all_runs(client))
+    assert len(statuses) >= 3 and "RUNNING" not in statuses, statuses  # the parent and the jobs it had started
+    assert subprocess.run(["pgrep", "-f", f"sweep.dir={tmp_path}"], capture_output=True).returncode == 1  # nothing left running
+
+
+def test_temp_folders_of_a_killed_run_are_removed_by_the_next_run(tmp_path, monkeypatch):
+    from framework import faults
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # read TMPDIR again
+    try:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        mine, killed, unmarked = (tmp_path / f"pipelab-mosquitto-{n}" for n in ("mine", "killed", "unmarked"))
+        for d in (mine, killed, unmarked):
+            d.mkdir()
+        faults.own_dir(mine)
+        (killed / faults.OWNER_FILE).write_text(f"{dead.pid} 1\n")
+        assert faults.remove_stale_dirs("pipelab-mosquitto-") == [killed.name]
+        assert mine.exists() and unmarked.exists() and not killed.exists()
+    finally:
+        tempfile.tempdir = None
