@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -16,8 +17,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from framework import registry
-from framework.config import CONF_DIR, yaml_presets
+from framework import input_errors, registry
+from framework.config import CONF_DIR, task_overrides, yaml_presets
 from framework.errors import PipelabError
 
 
@@ -32,22 +33,23 @@ def app(cfg: DictConfig) -> float | None:
         if cfg.train.resume:  # the stopped run's own config and folder
             from framework.checkpoint import resumed_config
 
-            cfg = resumed_config(cfg, list(hc.overrides.task))
+            cfg = resumed_config(cfg, task_overrides())
             out_dir = cfg.train.resume
-        job = Job(cfg, out_dir, overrides=list(hc.overrides.task), parent_run_id=parent_run_id(), sweep_keys=sweep_keys())
+        job = Job(cfg, out_dir, overrides=task_overrides(), parent_run_id=parent_run_id(), sweep_keys=sweep_keys())
         if job.resumed_epoch is not None:
             print(f"resuming {out_dir} after epoch {job.resumed_epoch} of {cfg.train.epochs}", file=sys.stderr)
         summary = job.run()
     except PipelabError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        from framework import checkpoint
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (framework.faults)
+        from framework import checkpoint, faults
 
         hint = f"; continue it with train.resume={out_dir}" if checkpoint.exists(out_dir) else ""
         tracked = "the MLflow run is marked FAILED; " if cfg.tracking.name == "mlflow" else ""
-        print(f"interrupted: {tracked}outputs so far are in {out_dir}{hint}", file=sys.stderr)
-        sys.exit(130)
+        what = "terminated" if isinstance(stop, faults.Terminated) else "interrupted"
+        print(f"{what}: {tracked}outputs so far are in {out_dir}{hint}", file=sys.stderr)
+        sys.exit(faults.exit_code(stop))
     m = summary["metrics"]
     parts = [f"{summary.get('clock', 'virtual')} time {summary['virtual_time_s']:.4g}s"]
     if summary.get("pipeline", True):  # collaborative schedules have no pipeline flushes: no bubble
@@ -55,8 +57,20 @@ def app(cfg: DictConfig) -> float | None:
     for k in ("val/acc", "test/acc"):
         if k in m:
             parts.append(f"{k} {m[k]:.4f}")
+    from framework import objective
+
+    metrics = objective.run_metrics(summary)
+    try:
+        objective.require_floor_metric(metrics, cfg.tracking)
+    except PipelabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if not objective.feasible(metrics, cfg.tracking):
+        parts.append(f"below the floor {objective.describe_floor(cfg.tracking)}")
     print(f"{cfg.scheduler.name}: " + ", ".join(parts) + f"  ->  {out_dir}")
-    return m.get("val/acc")  # the value a Hydra sweeper would optimise
+    # the value a Hydra sweeper (Optuna) optimises: tracking.optimized_metric, the worst value
+    # for a run below tracking.metric_floor (the same rule picks the parent run's best child)
+    return objective.score(metrics, cfg.tracking)
 
 
 def group_choices(group: str) -> list[str]:
@@ -77,13 +91,15 @@ def check_group_overrides(args: list[str]) -> str | None:
             continue
         key, value = arg.split("=", 1)
         group = key.lstrip("+~")
-        if "." in group or group == "hydra" or not ((Path(CONF_DIR) / group).is_dir() or group in registry.GROUPS):
+        if not group or "." in group or group == "hydra" or not ((Path(CONF_DIR) / group).is_dir() or group in registry.GROUPS):
             continue
         choices = group_choices(group)
         for option in value.split(","):  # multirun sweeps: a,b,c
             option = option.strip()
             if option and option != "null" and option not in choices:
-                return f"{group}={option}: no such {group}; choices: {', '.join(choices)}"
+                close = difflib.get_close_matches(option.lower().removesuffix(".yaml"), choices, n=1)
+                hint = f" (did you mean {group}={close[0]}?)" if close else ""
+                return f"{group}={option}: no such {group}{hint}; choices: {', '.join(choices)}"
     return None
 
 
@@ -103,13 +119,21 @@ def main() -> None:
         for group in registry.GROUPS + ("experiment",):
             print(f"  {group:<11} {', '.join(group_choices(group)) or '-'}")
         return
-    problem = check_group_overrides(sys.argv[1:])
+    # malformed overrides and unknown options: one line, before Hydra starts (framework.input_errors)
+    problem = input_errors.override_problem(sys.argv[1:]) or check_group_overrides(sys.argv[1:])
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     # --help lists the user-facing groups (not the schema/* groups the YAML files extend)
     OmegaConf.register_new_resolver("pipelab_groups", lambda: "\n".join(f"{g}: {', '.join(group_choices(g))}" for g in registry.GROUPS + ("experiment",)), replace=True)
-    app()
+    from framework import faults
+
+    faults.handle_sigterm()
+    try:
+        input_errors.run_app(app, sys.argv[1:])  # Hydra's errors composing the config: one line
+    except KeyboardInterrupt as stop:  # between a sweep's jobs, or in a launcher (joblib): one line
+        print("interrupted: the sweep stopped; its MLflow runs still open are marked FAILED", file=sys.stderr)
+        sys.exit(faults.exit_code(stop))
 
 
 if __name__ == "__main__":

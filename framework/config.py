@@ -50,7 +50,10 @@ class DeviceConfig:
     call_overhead_s: float = 0.0  # analytic: fixed seconds per unit per call (dispatch; x slowdown), so small batches cost more per sample
     memory_bytes: Optional[float] = None  # capacity; null = unbounded
     slots: int = 1  # computations that may run at once (server replicas in parallel)
-    trace: Optional[List[List[float]]] = None  # [[t_s, factor], ...]: from t_s on, compute takes factor x as long (piecewise constant)
+    # [[t_s, factor], ...]: from t_s on, compute takes factor x as long (piecewise constant). Typed
+    # loosely because OmegaConf refuses an int (`[[0, 2]]`) in a List[List[float]]; checked in
+    # framework.validate_numbers
+    trace: Optional[List[Any]] = None
 
 
 @dataclass
@@ -61,7 +64,7 @@ class LinkConfig:
     latency_s: float = 0.0
     loss: float = 0.0  # probability that one message is lost
     retransmit_timeout_s: float = 0.2  # reliable sends resend after this long
-    trace: Optional[List[List[float]]] = None  # [[t_s, bandwidth_bps], ...] piecewise-constant
+    trace: Optional[List[Any]] = None  # [[t_s, bandwidth_bps], ...] piecewise-constant (typed as the device's trace)
 
 
 @dataclass
@@ -115,6 +118,17 @@ class RuntimeConfig:
 
 
 @dataclass
+class MetricFloorConfig:
+    """A bound a run must reach to count in a sweep: `metric` >= `min` (`val/acc` >= 0.9 for "the
+    shortest epoch at 90% accuracy"). A run below it, or without the metric, is infeasible: a
+    sweep's parent never names it best, and the value it returns to a sweeper (Optuna) is the worst
+    there is. See framework/objective.py."""
+
+    metric: str = "val/acc"
+    min: Optional[float] = None  # null: no floor
+
+
+@dataclass
 class TrackingConfig:
     name: str = "mlflow"
     uri: str = "sqlite:///outputs/mlflow.db"
@@ -125,6 +139,7 @@ class TrackingConfig:
     max_trace_events: int = 200_000
     optimized_metric: str = "val/acc"  # a sweep's parent run names its best child by this metric
     optimized_direction: str = "max"  # max | min
+    metric_floor: MetricFloorConfig = field(default_factory=MetricFloorConfig)  # runs below it are never best
 
 
 @dataclass
@@ -176,6 +191,16 @@ def _mul(*xs):
     return out
 
 
+def study_direction(direction: str) -> str:
+    """Optuna's name for `tracking.optimized_direction`: max -> maximize, min -> minimize."""
+    names = {"max": "maximize", "min": "minimize"}
+    if direction not in names:
+        from framework.errors import ConfigError
+
+        raise ConfigError("tracking.optimized_direction", f"{direction!r} is not a direction; choices: max, min")
+    return names[direction]
+
+
 def register_resolvers() -> None:
     """`${mul:2,${cluster.device.slowdown}}`: presets derive one knob from another, so an
     override of the base knob (say the device slowdown) carries through."""
@@ -185,6 +210,10 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("mul", _mul)
     if not OmegaConf.has_resolver("pipelab_job_dir"):
         OmegaConf.register_new_resolver("pipelab_job_dir", job_dir_name)
+    if not OmegaConf.has_resolver("pipelab_study_direction"):
+        # `hydra.sweeper.direction: ${pipelab_study_direction:${tracking.optimized_direction}}`:
+        # an Optuna study goes the way the parent run's best child is picked (max -> maximize)
+        OmegaConf.register_new_resolver("pipelab_study_direction", study_direction)
 
 
 SWEEP_KEYS_FILE = "sweep_keys.json"  # in a sweep's folder: the keys it varies (framework.tracking writes it)
@@ -206,15 +235,22 @@ def swept_overrides(overrides, keys: set[str]) -> list[str]:
     return [o.lstrip("+~") for o in overrides if o.split("=", 1)[0].lstrip("+~") in keys]
 
 
+def task_overrides() -> list[str]:
+    """This Hydra job's command-line overrides, as written: a `${...}` in a value stays text
+    (iterating Hydra's list resolves it, and fails on a key that does not exist)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)]
+
+
 def job_dir_name(num, sweep_dir) -> str:
     """A sweep job's folder: its number and the values of the keys the sweep varies, e.g.
     `2_cluster.link.bandwidth_bps=1e7` (`hydra.sweep.subdir`), safe as one path component."""
     import re
 
     try:
-        from hydra.core.hydra_config import HydraConfig
-
-        overrides = list(HydraConfig.get().overrides.task)
+        overrides = task_overrides()
     except ValueError:  # not under Hydra: the number alone
         return str(num)
     swept = swept_overrides(overrides, read_sweep_keys(sweep_dir))

@@ -73,11 +73,13 @@ class PipelineScheduler(Scheduler):
     - `actions(stage, num_stages, num_mb)`: the per-stage program of one flush;
     - `flush_per = "iteration"` (a flush per mini-batch, split into micro-batches) or
       `"epoch"` (asynchronous: each mini-batch is one item, the pipeline drains at epoch end);
-    - `stash`: weight stashing on the stages (PipeDream).
+    - `stash`: weight stashing on the stages (PipeDream);
+    - `min_stages`: the fewest stages it runs on (2: one stage is the local loop, `local`'s 1).
     """
 
     flush_per = "iteration"
     stash = False
+    min_stages = 2  # a pipeline of one stage is the local loop: scheduler=local says so
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
@@ -109,6 +111,9 @@ class PipelineScheduler(Scheduler):
         cluster_devices = [f"dev{i}" for i in range(ctx.cluster.cfg.num_devices)]  # not extra named devices
         num_stages = self.cfg.stages if self.cfg.stages is not None else ctx.cluster.cfg.num_devices
         num_stages = self.num_stages_override(num_stages)
+        if num_stages < self.min_stages:
+            key, more = ("scheduler.stages", "scheduler.stages=2") if self.cfg.stages is not None else ("cluster.num_devices", "cluster.num_devices=2")
+            raise ConfigError(key, f"scheduler={self.cfg.name} pipelines a model over at least {self.min_stages} stages, got {num_stages}; one stage is scheduler=local (the same micro-batches, no pipeline), or use more stages ({more})")
         if num_stages > len(cluster_devices):
             raise ConfigError("scheduler.stages", f"{num_stages} stages need {num_stages} devices but the cluster has {len(cluster_devices)}; set cluster.num_devices={num_stages}")
         devices = cluster_devices[:num_stages]

@@ -128,8 +128,12 @@ def entry(group: str, name: str) -> Entry:
     try:
         return _REGISTRY[group][name]
     except KeyError:
+        import difflib
+
         choices = ", ".join(sorted(_REGISTRY[group])) or "(none registered)"
-        raise ConfigError(f"{group}.name", f"unknown {group} {name!r}; registered {group}s: {choices}") from None
+        close = difflib.get_close_matches(str(name).lower(), sorted(_REGISTRY[group]), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"{group}.name", f"unknown {group} {name!r}{hint}; registered {group}s: {choices}") from None
 
 
 def build(group: str, cfg: Any, *args, **kwargs) -> Any:

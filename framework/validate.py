@@ -1,7 +1,8 @@
 """Cross-field checks that fail before anything runs, with messages a user can act on.
 
-Types and unknown keys are Hydra's job (the schemas); this catches what a type cannot say.
-Plugins check their own combinations when they are built, which also happens before the
+Types and unknown keys are Hydra's job (the schemas); this catches what a type cannot say:
+numbers out of range or not finite (framework.validate_numbers), choices, and options the chosen
+runtime would ignore. Plugins check their own combinations when they are built, which also happens before the
 tracking run starts.
 """
 
@@ -13,17 +14,12 @@ import typing
 
 from omegaconf import OmegaConf
 
-from framework import registry
+from framework import registry, validate_numbers
 from framework.config import TrainConfig
 from framework.errors import ConfigError
 
 DTYPES = ("float32", "float64")
 OPTIMIZERS = ("sgd", "adam")
-
-
-def _positive(value, key: str, minimum: int = 1) -> None:
-    if value is None or value < minimum:
-        raise ConfigError(key, f"must be >= {minimum}, got {value}")
 
 
 def _check_keys(node, schema, where: str) -> None:
@@ -64,29 +60,62 @@ def validate(cfg) -> None:
             continue  # cluster presets are data; their fields are checked by framework.cluster
         registry.entry(group, cfg[group].name)
     check_known_keys(cfg)
+    validate_numbers.check(cfg)  # every number finite, every core knob in its range
     t = cfg.train
-    _positive(t.epochs, "train.epochs", 0)
-    _positive(t.batch_size, "train.batch_size")
-    _positive(t.eval_batch_size, "train.eval_batch_size")
-    if t.iterations_per_epoch is not None:
-        _positive(t.iterations_per_epoch, "train.iterations_per_epoch")
     if t.optimizer not in OPTIMIZERS:
         raise ConfigError("train.optimizer", f"{t.optimizer!r} is not an optimizer; choices: {', '.join(OPTIMIZERS)}")
-    if t.lr <= 0:
-        raise ConfigError("train.lr", f"must be > 0, got {t.lr}")
-    _positive(cfg.cluster.num_devices, "cluster.num_devices")
     s = cfg.scheduler
-    _positive(s.microbatches, "scheduler.microbatches")
     if s.microbatches > t.batch_size:
         raise ConfigError(
             "scheduler.microbatches",
             f"{s.microbatches} micro-batches cannot split a batch of {t.batch_size} samples; use at most {t.batch_size} or raise train.batch_size",
         )
-    if s.stages is not None:
-        _positive(s.stages, "scheduler.stages")
-    if cfg.tracking.get("optimized_direction", "max") not in ("max", "min"):
-        raise ConfigError("tracking.optimized_direction", f"{cfg.tracking.optimized_direction!r} is not a direction; choices: max, min")
+    from framework import objective
+
+    objective.check(cfg.tracking)  # optimized_direction, optimized_metric, metric_floor
+    check_tracking(cfg.tracking)
     if cfg.runtime.dtype not in DTYPES:
         raise ConfigError("runtime.dtype", f"{cfg.runtime.dtype!r} is not supported; choices: {', '.join(DTYPES)}")
-    if cfg.runtime.threads is not None:
-        _positive(cfg.runtime.threads, "runtime.threads")
+    check_runtime(cfg)
+    check_time_models(cfg.cluster)
+
+
+# where MLflow can keep runs: a tracking URI's scheme (a bare path is a folder of runs)
+MLFLOW_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
+
+
+def check_tracking(tcfg) -> None:
+    if tcfg.name != "mlflow":
+        return
+    from urllib.parse import urlparse
+
+    uri = str(tcfg.uri)
+    scheme = urlparse(uri).scheme.split("+")[0].lower()  # postgresql+psycopg2://: a SQLAlchemy driver
+    if scheme not in MLFLOW_SCHEMES and len(scheme) > 1:  # one letter: a Windows drive (C:/runs)
+        raise ConfigError("tracking.uri", f"{uri!r}: MLflow cannot keep runs at a {scheme}:// address; use sqlite:///<file>.db (the default sqlite:///outputs/mlflow.db), a folder, http(s)://<tracking server>, or postgresql/mysql/mssql://<database>")
+    if not str(tcfg.experiment).strip():
+        raise ConfigError("tracking.experiment", "must be a non-empty experiment name (default pipelab)")
+
+
+def check_runtime(cfg) -> None:
+    """What the chosen runtime can do with the other choices: options it would ignore are errors."""
+    rt, transport = cfg.runtime.name, cfg.transport.name
+    if rt == "sim" and transport != "inproc":
+        raise ConfigError("transport", f"transport={transport} is ignored by runtime=sim, which runs every role in this process on the virtual clock and prices messages with the cluster's links; use runtime=local (or remote) with transport={transport}, or leave transport=inproc")
+    python = cfg.runtime.get("python")
+    if rt == "local" and python:
+        import shutil
+
+        if shutil.which(str(python)) is None:
+            raise ConfigError("runtime.python", f"{python!r} is not an executable; give the interpreter of the role processes (a path or a name on PATH), or null for this one")
+
+
+def check_time_models(cluster) -> None:
+    """`time_model` of the device template and of each device entry, named by the key it was set at."""
+    from framework.cluster import TIME_MODELS
+
+    entries = [("cluster.device", cluster.device)] + [(f"cluster.devices.{k}", v) for k, v in (cluster.devices or {}).items()]
+    for where, node in entries:
+        model = node.get("time_model") if hasattr(node, "get") else None
+        if model is not None and model not in TIME_MODELS:
+            raise ConfigError(f"{where}.time_model", f"{model!r} is not a time model; choices: {', '.join(TIME_MODELS)}")

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
-    from framework import registry
+    from framework import input_errors, registry
     from framework.cli import CONF_DIR
     from framework.errors import PipelabError
     from framework.runtime.role_process import run_role
@@ -48,9 +48,20 @@ def main(argv: list[str] | None = None) -> int:
         overrides = ["transport=mqtt", *overrides]
     if not any(o.startswith("runtime=") for o in overrides):
         overrides = ["runtime=remote", *overrides]
+    problem = input_errors.override_problem(overrides)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
+    except Exception as e:  # Hydra's errors composing the config: one line, as the CLI says them
+        line = None if os.environ.get("HYDRA_FULL_ERROR") == "1" else input_errors.hydra_problem(e, overrides)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
+    try:
         if not cfg.runtime.get("run_id"):
             raise PipelabError("runtime.run_id: required; the coordinator prints it with each role's command")
         if cfg.runtime.get("tune_malloc", True):

@@ -99,7 +99,7 @@ def test_schema_only_plugin_runs_from_the_cli(site, tmp_path):
 @pytest.mark.parametrize(
     "override,needles",
     [
-        ("scheduler.microbatchez=2", ["microbatchez", "DemoGPipeConfig"]),
+        ("scheduler.microbatchez=2", ["microbatchez", "scheduler=demo_gpipe", "did you mean scheduler.microbatches"]),
         ("scheduler.rounds=many", ["scheduler.rounds", "many"]),
         ("scheduler.microbatches=abc", ["scheduler.microbatches", "abc"]),
     ],

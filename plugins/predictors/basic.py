@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from framework.cluster import Device, Work
 from framework.config import PredictorConfig
+from framework.errors import ConfigError
 from framework.registry import register
 
 
@@ -39,6 +40,8 @@ class FlopsPredictor:
 
     def __init__(self, cfg, cluster=None):
         self.cfg = cfg
+        if not 0 < cfg.flops_per_s < float("inf"):
+            raise ConfigError("predictor.flops_per_s", f"must be a finite number > 0 (FLOP/s assumed for a device that declares none), got {cfg.flops_per_s}")
 
     @staticmethod
     def estimate(device: Device, work: Work, rate: float) -> float:

@@ -39,6 +39,8 @@ class PipeDreamConfig(PipelineConfig):
 class Local(PipelineScheduler):
     """One device, the reference loop: gradient accumulation over micro-batches, one step."""
 
+    min_stages = 1
+
     def num_stages_override(self, num_stages: int) -> int:
         return 1
 

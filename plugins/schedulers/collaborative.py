@@ -132,6 +132,8 @@ class Collaborative(Scheduler):
             raise ConfigError("scheduler.microbatches", f"scheduler={c.name} sets its micro-batches with scheduler.N (PiPar's parallel batch number); leave microbatches at 1")
         if c.aggregate_every < 1:
             raise ConfigError("scheduler.aggregate_every", f"must be >= 1 epoch, got {c.aggregate_every}")
+        if not c.dirichlet_alpha > 0:  # also checked when shard=contiguous: a sweep may switch it on
+            raise ConfigError("scheduler.dirichlet_alpha", f"must be a number > 0 (the Dirichlet concentration of scheduler.shard=dirichlet: small = few labels per device), got {c.dirichlet_alpha}")
         if c.dp_sigma < 0:
             raise ConfigError("scheduler.dp_sigma", f"must be >= 0, got {c.dp_sigma}")
         if c.dp_clip is not None and c.dp_clip <= 0:
