@@ -7,7 +7,10 @@ A codec is one direction of a compressor (activations forward, or gradients back
 the wire decoder dispatches on the codec id alone, so a receiver needs no sender state.
 
 `decode` receives untrusted bytes: it checks the metadata and the payload length against the
-shape before it allocates anything and raises `WireError` on any mismatch.
+shape before it allocates anything and raises `WireError` on any mismatch. The shape itself is
+already bounded when `decode` is called: the wire decoder checks the output it declares
+(numel x the dtype's size) against the packet's decoded-size bound (`compressor.max_decoded_bytes`)
+first, so a codec allocates its output, and scratch of a small multiple of it, only within that.
 
 Codec ids are part of the wire format: never reuse one. Registered ids:
 0 raw (framework.wire), 1 fp16, 2 mbq, 3 mbq_unpacked, 4 stochastic_uniform, 5 minmax, 6 onebit,

@@ -65,6 +65,9 @@ class CompressionConfig(CompressorConfig):
     forward_tag: str = "act"
     backward_tag: str = "grad"
     time: CodecTimeConfig = field(default_factory=CodecTimeConfig)
+    # a received packet may decode to at most this many bytes (WireError beyond, before any
+    # allocation): a 1-bit codec's output is 32-64x its payload (framework.wire)
+    max_decoded_bytes: int = wire.MAX_DECODED_BYTES
 
 
 class _Direction:
@@ -130,6 +133,9 @@ class Compressor:
         self.time_cfg = tcfg if tcfg is not None else CodecTimeConfig(model="none")
         if self.time_cfg.model not in TIME_MODELS:
             raise ConfigError("compressor.time.model", f"{self.time_cfg.model!r} is not a codec time model; choices: {', '.join(TIME_MODELS)}")
+        self.max_decoded_bytes = get("max_decoded_bytes", wire.MAX_DECODED_BYTES)
+        if isinstance(self.max_decoded_bytes, bool) or not isinstance(self.max_decoded_bytes, int) or self.max_decoded_bytes <= 0:
+            raise ConfigError("compressor.max_decoded_bytes", f"{self.max_decoded_bytes!r} is not a positive number of bytes (default {wire.MAX_DECODED_BYTES}, 2 GiB)")
         self.seed = 0
         self.epoch = 0
         self._streams: dict = defaultdict(dict)
@@ -204,7 +210,7 @@ class Compressor:
         return enc
 
     def decode(self, data, *, src: str = "", dst: str = "", tag: str = "", copy: bool = True) -> wire.Packet:
-        packet = wire.decode(data, copy=copy)
+        packet = wire.decode(data, copy=copy, max_bytes=self.max_decoded_bytes)
         if tag == self.backward_tag and self._kept and not packet.timing_only:
             # a gradient coming back from `src` for what this process (`dst`) sent it
             kept = self._kept.pop((dst, src, packet.iteration, packet.microbatch), None)

@@ -11,6 +11,15 @@ Codec 0 is raw (the tensor's bytes); other codecs (framework.codec) register the
 carry their own metadata; the packet names the codec, so a receiver decodes without state. Flag bit 0 marks a timing-only packet (`runtime.numerics=false`): shapes travel,
 payloads are counted but not carried. `decode` checks every field and length before it
 allocates anything and raises `WireError`, and only `WireError`, on malformed input.
+
+Bounds on untrusted input, all checked in O(fields), never O(data): at most MAX_TENSORS tensors
+of at most MAX_NDIM dims; the product of a shape's non-zero dims at most MAX_ELEMENTS (a zero
+dim makes the element count 0, but torch's strides still multiply the others); codec metadata
+at most MAX_META bytes; and the tensors a packet decodes to at most `max_bytes` in all
+(MAX_DECODED_BYTES unless the caller says: runs pass `compressor.max_decoded_bytes`), checked
+against the declared shape before a codec allocates anything, because a codec's output may be
+64x its payload (1 bit per element decoded to float64). Timing-only tensors allocate nothing
+and are not counted.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ MAX_NDIM = 8
 MAX_TENSORS = 4096
 MAX_ELEMENTS = 1 << 34  # 16 Gi elements: anything larger is not a tensor we sent
 MAX_META = 1 << 20  # codec metadata per tensor
+# Decoded bytes per packet: the default of transport.max_message_bytes, so any raw packet a
+# transport accepts decodes, and a compressed one never decodes to more than a raw one could.
+MAX_DECODED_BYTES = 1 << 31
 
 _HEAD = struct.Struct("<4sBBHIII")
 _U64 = struct.Struct("<Q")
@@ -138,8 +150,9 @@ _TENSOR_FIXED = struct.Struct("<BBB")
 _META_LEN = struct.Struct("<I")
 
 
-def decode(buf, *, copy: bool = True) -> Packet:
-    """Parse a packet; raise WireError on anything malformed.
+def decode(buf, *, copy: bool = True, max_bytes: int = MAX_DECODED_BYTES) -> Packet:
+    """Parse a packet; raise WireError on anything malformed, or if its tensors would take more
+    than `max_bytes` once decoded.
 
     Payloads are copied out into fresh tensors. With `copy=False` and a bytearray packet the
     tensors are views into it instead: only for a caller that owns the buffer and drops it (the
@@ -159,6 +172,7 @@ def decode(buf, *, copy: bool = True) -> Packet:
     timing_only = bool(flags & FLAG_TIMING_ONLY)
     views = not copy and isinstance(buf, bytearray)
     tensors: dict[str, torch.Tensor] = {}
+    decoded = 0
     for _ in range(n):
         (name_len,) = r.unpack(_NAME_LEN, "name length")
         at = r.need(name_len, "name")
@@ -176,15 +190,22 @@ def decode(buf, *, copy: bool = True) -> Packet:
         if ndim > MAX_NDIM:
             raise WireError(f"tensor {name!r}: {ndim} dims (max {MAX_NDIM})")
         shape = struct.unpack_from(f"<{ndim}I", r.buf, r.need(4 * ndim, "shape"))
-        n_el = numel(shape)
-        if n_el > MAX_ELEMENTS:
+        n_el = span = 1
+        for d in shape:
+            n_el *= d
+            span *= d or 1  # torch multiplies the other dims into strides even when one is 0
+        if span > MAX_ELEMENTS:
             raise WireError(f"tensor {name!r}: absurd shape {shape}")
+        dtype = DTYPES[dtype_id]
+        if not timing_only:
+            decoded += n_el * _ITEMSIZE[dtype]
+            if decoded > max_bytes:
+                raise WireError(f"tensor {name!r}: shape {shape} {dtype} takes the packet to {decoded} decoded bytes, over its bound of {max_bytes} (compressor.max_decoded_bytes)")
         (meta_len,) = r.unpack(_META_LEN, "meta length")
         if meta_len > MAX_META:
             raise WireError(f"tensor {name!r}: {meta_len} bytes of codec metadata (max {MAX_META})")
         meta_at = r.need(meta_len, "codec metadata")
         (payload_len,) = r.unpack(_U64, "payload length")
-        dtype = DTYPES[dtype_id]
         if payload_len > n_el * 8 + MAX_META:  # no codec spends more than 8 bytes per element
             raise WireError(f"tensor {name!r}: payload of {payload_len} bytes for shape {shape} {dtype}")
         if codec == CODEC_RAW and payload_len != n_el * _ITEMSIZE[dtype]:

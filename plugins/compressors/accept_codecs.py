@@ -233,16 +233,17 @@ def _unpack_values(packed: np.ndarray, parts: np.ndarray, n: int) -> np.ndarray:
     For basis i a byte's 8 samples take one of 2^8 patterns of -alpha_i / +alpha_i, so one
     (256, 8) table per basis turns each byte into its 8 values with a single row gather."""
     n8, rest, k = packed.shape
+    w = min(n, 8)  # fewer than 8 samples: no padded columns, or scratch would be up to 8x the output
     acc = None
     for i in range(k):
-        vals = np.take(parts[i][_BYTE_BITS], packed[:, :, i], axis=0)  # (n8, R, 8)
+        vals = np.take(parts[i][_BYTE_BITS[:, :w]], packed[:, :, i], axis=0)  # (n8, R, w)
         if acc is None:
             acc = vals
         else:
             acc += vals
-    out = np.empty((n8, 8, rest), np.float32)
+    out = np.empty((n8, w, rest), np.float32)
     np.copyto(out, acc.transpose(0, 2, 1))  # samples back to dim 0
-    return out.reshape(n8 * 8, rest)[:n]
+    return out.reshape(n8 * w, rest)[:n]
 
 
 # ---- MBQ: the codecs --------------------------------------------------------------------------
@@ -437,14 +438,15 @@ def _pack_nibbles(q: np.ndarray, k: int) -> np.ndarray:
 def _unpack_nibbles(raw: np.ndarray, k: int, n: int, rest: int, s: np.float32) -> np.ndarray:
     """Inverse of _pack_nibbles fused with the dequantizer, through a (256, 8/k) table of q*s."""
     per_byte = 8 // k
-    shifts = np.arange(8 - k, -1, -k)
+    w = min(n, per_byte)  # fewer samples than a byte holds: no padded columns in the scratch
+    shifts = np.arange(8 - k, -1, -k)[:w]
     q = ((np.arange(256)[:, None] >> shifts) & ((1 << k) - 1)) - (1 << (k - 1))
     table = q.astype(np.float32) * s  # the same float32 product as the 8-bit path
     n_b = -(-n // per_byte)
-    vals = np.take(table, raw.reshape(n_b, rest), axis=0)  # (n_b, R, per_byte)
-    out = np.empty((n_b, per_byte, rest), np.float32)
+    vals = np.take(table, raw.reshape(n_b, rest), axis=0)  # (n_b, R, w)
+    out = np.empty((n_b, w, rest), np.float32)
     np.copyto(out, vals.transpose(0, 2, 1))  # samples back to dim 0
-    return out.reshape(n_b * per_byte, rest)[:n]
+    return out.reshape(n_b * w, rest)[:n]
 
 
 def _rel_err(approx: np.ndarray, exact: np.ndarray) -> float:
