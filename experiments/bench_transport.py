@@ -5,12 +5,18 @@
 
 Part 1, round-trip throughput (A sends a tensor to B, B sends it back; two processes) for
 64 KiB, 1 MiB and 16 MiB tensors over:
-  (a) ours: transport=mqtt (framing, chunking, ordering, checksums) through mosquitto;
+  (a) ours: transport=mqtt (framing, chunking, ordering, checksums) through mosquitto, without
+      authentication, and (a') the same with authentication (every frame's MAC computed by
+      the sender and checked by the receiver, as in every runtime=local/remote run) with each
+      MAC of `--macs` (default: transport.mac's default, gmac): one endpoint of each kind in
+      the same two processes, alternating in blocks, so both see the same machine;
   (b) a plain TCP socket on loopback: the hardware/OS limit;
   (c) torch.distributed gloo send/recv: what a torch.distributed.pipelining user gets;
   (d) bare aiomqtt publish/subscribe through the same mosquitto, one message per tensor, no
       framing: the floor of any MQTT design.
-Throughput = 2 x size x round trips / seconds. Ratios ours/bare-aiomqtt are the targets.
+Throughput = 2 x size x round trips / seconds. Ratios ours/bare-aiomqtt and authenticated/
+unauthenticated (at least 0.9 at 1 MiB and 16 MiB) are the targets. `--auth-only` measures (a)
+and (a') alone (no bare aiomqtt, TCP, gloo or GPipe).
 
 Part 2, step time of GPipe with S = 2 stages, M = 4 micro-batches, VGG-5 on CIFAR-shaped
 batches of 64: ours (`runtime=local transport=mqtt`, one process per stage) against
@@ -94,6 +100,29 @@ def echo_mqtt(port: int, n_msgs: int, framed: bool) -> None:
     asyncio.run(main())
 
 
+def echo_auth_ab(port: int, n_msgs: int) -> None:
+    """B of the authentication comparison: echoes on an unauthenticated and an authenticated
+    endpoint at once (its credentials in its environment, as a role process gets them)."""
+    from omegaconf import OmegaConf
+
+    from plugins.transports import mqtt_credentials
+    from plugins.transports.broker import BrokerAddress
+    from plugins.transports.mqtt import MqttConfig, MqttTransport
+
+    async def echo(creds, run):
+        t = MqttTransport(OmegaConf.structured(MqttConfig()), BrokerAddress("127.0.0.1", port), creds)
+        await t.start(run, "b")
+        await t.publish_status("ready")
+        for _ in range(n_msgs):
+            await t.send("a", "x", await t.recv("a", "x"))
+        await t.close()
+
+    async def main():
+        await asyncio.gather(echo(None, "bench-plain"), echo(mqtt_credentials.load(None), "bench-auth"))
+
+    asyncio.run(main())
+
+
 def echo_tcp(port: int, n_msgs: int) -> None:
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -141,8 +170,62 @@ def gloo_worker(rank: int, port: int, sizes: list[int], reps: list[int], out: st
 # ---- the sending side ---------------------------------------------------------------------
 
 
-def spawn(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, *map(str, args)], cwd=ROOT)
+def spawn(*args, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, *map(str, args)], cwd=ROOT, env=None if env is None else {**os.environ, **env})
+
+
+AB_BLOCKS = 8  # the authentication comparison alternates its two endpoints this many times per size
+
+
+def bench_auth_ab(port: int, mac: str, sizes, reps) -> dict:
+    """Ours without and with authentication, side by side in the same two processes: for each
+    size the round trips alternate between the two endpoints in AB_BLOCKS blocks (ABBA order),
+    so both see the same machine. Returns {size: (plain bytes/s, authenticated bytes/s)}."""
+    from omegaconf import OmegaConf
+
+    from plugins.transports import mqtt_credentials
+    from plugins.transports.broker import BrokerAddress
+    from plugins.transports.mqtt import MqttConfig, MqttTransport
+
+    secrets = mqtt_credentials.RunSecrets("bench-auth", ["a", "b"], mac, broker_users=False)
+    per_block = [max(1, r // AB_BLOCKS) for r in reps]
+    peer = spawn("--echo", "auth-ab", port, sum(1 + AB_BLOCKS * k for k in per_block), env={mqtt_credentials.ENV: secrets.for_role("b").token()})
+    res = {}
+
+    async def main():
+        ends = {}
+        ready: set[str] = set()
+        for name, run, creds in (("plain", "bench-plain", None), ("auth", "bench-auth", secrets.for_role("a"))):
+            t = ends[name] = MqttTransport(OmegaConf.structured(MqttConfig()), BrokerAddress("127.0.0.1", port), creds)
+            t.on_status(lambda r, s, name=name: ready.add(name) if (r, s) == ("b", "ready") else None)
+            await t.start(run, "a")
+        deadline = time.monotonic() + 120
+        while len(ready) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for n, k in zip(sizes, per_block):
+            data = os.urandom(n)
+            spent = {"plain": 0.0, "auth": 0.0}
+            for t in ends.values():  # warm-up
+                await t.send("b", "x", data)
+                await t.recv("b", "x")
+            for blk in range(AB_BLOCKS):
+                for name in (("plain", "auth") if blk % 2 == 0 else ("auth", "plain")):
+                    t = ends[name]
+                    t0 = time.perf_counter()
+                    for _ in range(k):
+                        await t.send("b", "x", data)
+                        back = await t.recv("b", "x")
+                    spent[name] += time.perf_counter() - t0
+                    assert len(back) == n
+            res[n] = tuple(2 * n * k * AB_BLOCKS / spent[name] for name in ("plain", "auth"))
+        for t in ends.values():
+            await t.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        peer.wait(60)
+    return res
 
 
 def bench_mqtt(port: int, framed: bool, sizes, reps) -> dict:
@@ -332,6 +415,8 @@ def main() -> None:
     ap.add_argument("--out", default="outputs/bench_transport")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per variant (medians are reported)")
     ap.add_argument("--no-tune-malloc", action="store_true", help="glibc's default malloc settings in every process")
+    ap.add_argument("--macs", default="gmac", help="comma-separated transport.mac values to measure authenticated (poly1305, gmac, hmac-sha256)")
+    ap.add_argument("--auth-only", action="store_true", help="only ours without and with authentication (no bare aiomqtt, TCP, gloo, GPipe)")
     args = ap.parse_args()
     os.environ[TUNE_ENV] = "0" if args.no_tune_malloc else "1"
     apply_malloc_setting()
@@ -339,41 +424,62 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     from plugins.transports.broker import Broker
 
+    macs = [m for m in args.macs.split(",") if m]
     sizes = list(SIZES.values())
     reps = [reps_for(n, args.quick) for n in sizes]
+    others = [] if args.auth_only else ["ours_mqtt", "bare_aiomqtt", "tcp", "gloo"]
     # this machine's timing noise is +-20% between identical runs: alternate the variants over
     # several rounds and keep each one's median round
-    rounds: dict[str, list[dict]] = {k: [] for k in ("ours_mqtt", "bare_aiomqtt", "tcp", "gloo")}
+    rounds: dict[str, list[dict]] = {k: [] for k in (*others, *(f"auth_ab_{m}" for m in macs))}
     with Broker() as b:
         for r in range(args.rounds):
-            print(f"round trips, round {r + 1}/{args.rounds}: ours (MQTT), bare aiomqtt, TCP socket, gloo ...", flush=True)
-            rounds["ours_mqtt"].append(bench_mqtt(b.port, True, sizes, reps))
-            rounds["bare_aiomqtt"].append(bench_mqtt(b.port, False, sizes, reps))
-            rounds["tcp"].append(bench_tcp(sizes, reps))
-            rounds["gloo"].append(bench_gloo(sizes, reps, out))
-    res = {k: {n: sorted(rd[n] for rd in v)[len(v) // 2] for n in sizes} for k, v in rounds.items()}
+            print(f"round trips, round {r + 1}/{args.rounds}: {', '.join(rounds)} ...", flush=True)
+            if not args.auth_only:
+                rounds["ours_mqtt"].append(bench_mqtt(b.port, True, sizes, reps))
+                rounds["bare_aiomqtt"].append(bench_mqtt(b.port, False, sizes, reps))
+                rounds["tcp"].append(bench_tcp(sizes, reps))
+                rounds["gloo"].append(bench_gloo(sizes, reps, out))
+            for m in macs:
+                rounds[f"auth_ab_{m}"].append(bench_auth_ab(b.port, m, sizes, reps))
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    res = {k: {n: med([rd[n] for rd in v]) for n in sizes} for k, v in rounds.items() if not k.startswith("auth_ab_")}
     res_rounds = {k: [{str(n): x for n, x in rd.items()} for rd in v] for k, v in rounds.items()}
-    steps = 6 if args.quick else STEPS
-    print("gpipe S=2 M=4 vgg5: ours (runtime=local transport=mqtt) ...", flush=True)
-    step_ours = gpipe_ours(steps, out)
-    print("gpipe S=2 M=4 vgg5: torch.distributed.pipelining ScheduleGPipe over gloo ...", flush=True)
-    step_torch = gpipe_torch(steps, out)
+
+    def paired(a: str, b: str, n: int) -> float:
+        # a and b run back to back in each round: the median of the rounds' ratios cancels the
+        # machine's drift between rounds
+        return med([x[n] / y[n] for x, y in zip(rounds[a], rounds[b])])
 
     malloc = "glibc defaults (--no-tune-malloc)" if args.no_tune_malloc else "runtime.tune_malloc settings in every process"
-    lines = ["", f"round-trip throughput, MB/s (2 x size x round trips / s; median of {args.rounds} alternating rounds; malloc: {malloc})", "",
-             f"{'size':>7} | {'ours MQTT':>10} | {'bare aiomqtt':>12} | {'TCP socket':>10} | {'gloo':>8} | ours/bare | paired | bare/gloo | ours/gloo"]
-    res["paired_ours_over_bare"] = {}
+    lines = ["", f"round-trip throughput, MB/s (2 x size x round trips / s; median of {args.rounds} alternating rounds; malloc: {malloc})"]
+    if not args.auth_only:
+        lines += ["", f"{'size':>7} | {'ours MQTT':>10} | {'bare aiomqtt':>12} | {'TCP socket':>10} | {'gloo':>8} | ours/bare | paired | bare/gloo | ours/gloo"]
+        res["paired_ours_over_bare"] = {}
+        for label, n in SIZES.items():
+            o, a, t, g = (res[k][n] / 1e6 for k in ("ours_mqtt", "bare_aiomqtt", "tcp", "gloo"))
+            res["paired_ours_over_bare"][n] = pr = paired("ours_mqtt", "bare_aiomqtt", n)
+            lines.append(f"{label:>7} | {o:10.1f} | {a:12.1f} | {t:10.1f} | {g:8.1f} | {o / a:9.2f} | {pr:6.2f} | {a / g:9.2f} | {o / g:9.2f}")
+        lines.append("(ours/bare: ratio of the medians; paired: median over rounds of that round's ratio)")
+    lines += ["", f"authentication: ours with every frame MAC'd and checked against ours without, alternating in {AB_BLOCKS} blocks per size",
+              "in the same two processes (median over rounds of each round's authenticated/unauthenticated ratio; min-max over rounds)", "",
+              f"{'size':>7} | " + " | ".join(f"{'no auth':>8} | {m:>11} | {'ratio':>5} | {'min-max':>9}" for m in macs)]
     for label, n in SIZES.items():
-        o, a, t, g = (res[k][n] / 1e6 for k in ("ours_mqtt", "bare_aiomqtt", "tcp", "gloo"))
-        # ours and bare run back to back in each round: the median of the rounds' ratios
-        # cancels the machine's drift between rounds
-        paired = sorted(x[n] / y[n] for x, y in zip(rounds["ours_mqtt"], rounds["bare_aiomqtt"]))[args.rounds // 2]
-        res["paired_ours_over_bare"][n] = paired
-        lines.append(f"{label:>7} | {o:10.1f} | {a:12.1f} | {t:10.1f} | {g:8.1f} | {o / a:9.2f} | {paired:6.2f} | {a / g:9.2f} | {o / g:9.2f}")
-    lines.append("(ours/bare: ratio of the medians; paired: median over rounds of that round's ratio)")
-    lines += ["", f"gpipe step (S=2, M=4, VGG-5, batch {BATCH}): ours {step_ours * 1e3:.1f} ms, torch.distributed.pipelining {step_torch * 1e3:.1f} ms, ratio {step_ours / step_torch:.2f}x"]
+        cells = []
+        for m in macs:
+            rd = rounds[f"auth_ab_{m}"]
+            ratios = [x[n][1] / x[n][0] for x in rd]
+            res.setdefault(f"auth_over_plain_{m}", {})[n] = med(ratios)
+            cells.append(f"{med([x[n][0] for x in rd]) / 1e6:8.1f} | {med([x[n][1] for x in rd]) / 1e6:11.1f} | {med(ratios):5.2f} | {min(ratios):4.2f}-{max(ratios):4.2f}")
+        lines.append(f"{label:>7} | " + " | ".join(cells))
+    if not args.auth_only:
+        steps = 6 if args.quick else STEPS
+        print("gpipe S=2 M=4 vgg5: ours (runtime=local transport=mqtt) ...", flush=True)
+        step_ours = gpipe_ours(steps, out)
+        print("gpipe S=2 M=4 vgg5: torch.distributed.pipelining ScheduleGPipe over gloo ...", flush=True)
+        step_torch = gpipe_torch(steps, out)
+        lines += ["", f"gpipe step (S=2, M=4, VGG-5, batch {BATCH}): ours {step_ours * 1e3:.1f} ms, torch.distributed.pipelining {step_torch * 1e3:.1f} ms, ratio {step_ours / step_torch:.2f}x"]
+        res["gpipe_step_s"] = {"ours": step_ours, "torch_pipelining": step_torch}
     print("\n".join(lines))
-    res["gpipe_step_s"] = {"ours": step_ours, "torch_pipelining": step_torch}
     res["tune_malloc"] = not args.no_tune_malloc
     res["rounds"] = res_rounds
     (out / "results.json").write_text(json.dumps({k: ({str(kk): vv for kk, vv in v.items()} if isinstance(v, dict) else v) for k, v in res.items()}, indent=1))
@@ -387,6 +493,8 @@ if __name__ == "__main__":
         kind, port, n = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         if kind == "tcp":
             echo_tcp(port, n)
+        elif kind == "auth-ab":
+            echo_auth_ab(port, n)
         else:
             echo_mqtt(port, n, framed=(kind == "mqtt"))
     elif len(sys.argv) > 1 and sys.argv[1] == "--gloo":

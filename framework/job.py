@@ -25,6 +25,7 @@ from framework.models import build_model
 from framework.runtime.base import RuntimeHooks
 from framework.scheduler import SchedulerContext
 from framework.tracking import flatten, mlflow_name
+from framework.transport import FAULTS
 from framework.validate import validate
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -282,6 +283,7 @@ class Job(RuntimeHooks):
         try:
             (self.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             self.tracker.log_params(self.params())
+            self.tracker.log_dataset(self.dataset)
             self.tracker.log_artifact(self.out_dir / "config.yaml")
             plan = self.scheduler.plan()
             (self.out_dir / "plan.json").write_text(json.dumps(plan, indent=2))
@@ -350,6 +352,11 @@ class Job(RuntimeHooks):
         for r, st in roles.items():
             metrics[f"util/busy_frac/{r}"] = st["busy_s"] / total if total > 0 else 0.0
             metrics[f"util/idle_s/{r}"] = st["idle_s"]
+        for r, st in rt.process_stats.items():  # real runtimes: frames each endpoint dropped, and why
+            counts = st.get("transport") or {}
+            for k in ("dropped", "reconnects", *FAULTS):
+                if k in counts:
+                    metrics[f"transport/{k}/{r}"] = counts[k]
         for l, st in links.items():
             metrics[f"net/bytes/{mlflow_name(l)}"] = st["bytes"]  # MLflow names allow no '>': the same name in summary.json
             metrics[f"net/raw_bytes/{mlflow_name(l)}"] = st["raw_bytes"]

@@ -7,8 +7,10 @@ The contract every transport keeps:
   from at-least-once delivery are dropped, reordered pieces are put back in order);
 - `send` applies back-pressure: it returns once the message is handed to the network, and
   waits while the transport's bounded window of unacknowledged data is full;
-- anything arriving on the run's channels that is not a well-formed message of this run is
-  dropped and counted in `stats["dropped"]`, never delivered;
+- anything arriving on the run's channels that is not a well-formed, authentic message of
+  this run is dropped and counted, never delivered: `stats["dropped"]` counts every such frame,
+  and one of the `FAULTS` counters says why (a repeat of something already delivered counts
+  as `replayed` only: QoS-1 redelivery after a reconnect looks like that too);
 - when a peer dies, `status` reports it (an MQTT last will), so a run can fail fast;
 - `TransportError` is the one error a transport raises for a broken connection.
 
@@ -26,6 +28,16 @@ from typing import Callable
 from framework.errors import PipelabError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+# why a frame or status was not delivered (Transport.stats; summary.json `processes.<role>.transport`)
+FAULTS = (
+    "malformed",  # not a frame or status of this transport's format, or fields that disagree
+    "foreign",  # a topic that is not one of this run's for this role
+    "unauthenticated",  # no MAC, or a MAC that fails: not from a member of this run
+    "replayed",  # a frame or status already seen (a replay, or QoS-1 redelivery)
+    "out_of_window",  # a sequence number too far ahead of what was delivered
+    "over_budget",  # a message larger than allowed, or more buffered than a peer may hold
+    "expired",  # messages dropped half-received after waiting too long for their other chunks
+)
 
 
 class TransportError(PipelabError):
@@ -46,8 +58,14 @@ class Transport(ABC):
     run_id: str
 
     def __init__(self) -> None:
-        self.stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0, "dropped": 0, "reconnects": 0}
+        self.stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0, "dropped": 0, "reconnects": 0, **{k: 0 for k in FAULTS}}
         self.status_callbacks: list[Callable[[str, str], None]] = []
+
+    def _reject(self, why: str, n: int = 1) -> None:
+        """Count `n` frames (or messages, for `expired`) not delivered, and why (one of FAULTS)."""
+        self.stats[why] += n
+        if why != "replayed":
+            self.stats["dropped"] += n
 
     @abstractmethod
     async def start(self, run_id: str, role: str) -> None:
@@ -120,21 +138,32 @@ class Mailboxes:
 class Network(ABC):
     """What a network transport plugin builds from its config: the run's shared medium.
 
-    The coordinator calls `open()` (e.g. start a private broker), gives every role process
-    `worker_args()` (the overrides that reach the same network), makes its own `endpoint()`,
-    and calls `close()` after the run."""
+    The coordinator calls `open(run_id, roles)` (e.g. start a private broker that admits only
+    those roles, draw the run's secrets), gives every role process `worker_args()` (the
+    overrides that reach the same network, never a secret) and `worker_env(role)` (its
+    secrets, in the environment; `worker_secret_args(role)` instead for a role started by
+    hand elsewhere), makes its own `endpoint(role)`, and calls `close()` after the run. In a
+    role process, `endpoint()` finds the role's secrets where those put them."""
 
     @abstractmethod
-    def open(self) -> None: ...
+    def open(self, run_id: str, roles: list[str]) -> None: ...
 
     @abstractmethod
     def close(self) -> None: ...
 
     @abstractmethod
-    def endpoint(self) -> Transport: ...
+    def endpoint(self, role: str | None = None) -> Transport: ...
 
     @abstractmethod
     def worker_args(self) -> list[str]: ...
+
+    def worker_env(self, role: str) -> dict[str, str]:
+        """Environment variables that hand `role`'s secrets to a process started here."""
+        return {}
+
+    def worker_secret_args(self, role: str) -> list[str]:
+        """Overrides that tell a role started by hand where its secrets are (no secret itself)."""
+        return []
 
     def describe(self) -> str:
         return type(self).__name__

@@ -74,15 +74,16 @@ def test_duplicated_and_reordered_frames_are_put_back_in_order(broker):
         frames = []
         for seq, d in enumerate(data):
             n = -(-len(d) // 1024)
-            frames += [frame(b"a", b"act", seq, i, n, len(d), i * 1024, checksum(d), d[i * 1024 : (i + 1) * 1024]) for i in range(n)]
+            cs = -(-len(d) // n)  # the sender's equal chunks
+            frames += [frame(b"a", b"act", seq, i, n, len(d), i * cs, checksum(d), d[i * cs : (i + 1) * cs]) for i in range(n)]
         order = [3, 1, 1, 0, 2, 3, 0]  # second message first, duplicates of both
         async with aiomqtt.Client(broker.host, broker.port) as raw:
             for k in order:
-                await raw.publish("pipelab/t1/c/act", frames[k], qos=1)
+                await raw.publish("pipelab/t1/c/a/act", frames[k], qos=1)  # <prefix>/<run>/<dst>/<src>/<tag>
         assert [bytes(await c.recv("a", "act", timeout=10)) for _ in data] == data
         with pytest.raises(asyncio.TimeoutError):
             await c.recv("a", "act", timeout=0.3)
-        assert c.stats["dropped"] == 0
+        assert c.stats["dropped"] == 0 and c.stats["replayed"] == 3  # repeats are counted, not dropped as faults
         await a.close()
         await c.close()
 
@@ -95,18 +96,21 @@ def test_malformed_and_foreign_messages_are_dropped_and_counted(broker):
         import aiomqtt
 
         good = b"payload"
-        cfg_chunk = 1024
+        half = 750
         big = os.urandom(1500)  # two chunks whose reassembly fails its checksum: one drop
-        bad_digest = [frame(b"a", b"act", 0, i, 2, len(big), i * cfg_chunk, checksum(big) ^ 1, big[i * cfg_chunk : (i + 1) * cfg_chunk]) for i in (0, 1)]
-        wrong_tag = frame(b"a", b"grad", 0, 0, 1, len(good), 0, checksum(good), good)  # topic says act
+        bad_digest = [frame(b"a", b"act", 0, i, 2, len(big), i * half, checksum(big) ^ 1, big[i * half : (i + 1) * half]) for i in (0, 1)]
+        overlapping = frame(b"a", b"act", 0, 1, 2, len(big), 100, 0, big[100:850])  # not where chunk 1 of 2 starts
         too_long = frame(b"a", b"act", 0, 0, 1, 3, 0, checksum(good), good)  # body past total
         async with aiomqtt.Client(broker.host, broker.port) as raw:
-            for junk in (b"\x80\x04 pickle? never", b"PLMQ", *bad_digest, wrong_tag, too_long):
-                await raw.publish("pipelab/t1/c/act", junk, qos=1)
-            await raw.publish("pipelab/t1/c/act/extra", b"x", qos=1)  # not a run topic layout
+            for junk in (b"\x80\x04 pickle? never", b"PLMQ", *bad_digest, overlapping, too_long):
+                await raw.publish("pipelab/t1/c/a/act", junk, qos=1)
+            await raw.publish("pipelab/t1/c/a/act/extra", b"x", qos=1)  # not a run topic layout: never subscribed to
+            await raw.publish("pipelab/t1/c/_bad/act", good, qos=1)  # not a role name
         await a.send("c", "act", good)
         assert bytes(await c.recv("a", "act", timeout=10)) == good
+        # a failed checksum is only known when its last chunk arrives: the first chunk was placed
         assert c.stats["dropped"] == 6 and c.stats["received"] == 1
+        assert (c.stats["malformed"], c.stats["foreign"]) == (5, 1), c.stats
         await a.close()
         await c.close()
 
@@ -251,15 +255,15 @@ def test_missing_broker_binary_says_how_to_install():
         Broker("no-such-mosquitto-binary")
 
 
-def test_broker_resolution_spawns_only_when_nothing_listens(broker):
+def test_broker_resolution_joins_only_a_named_broker(broker):
     cfg = mqtt_cfg()
-    cfg.broker.port = broker.port  # something listens there: use it
+    cfg.broker.port = broker.port  # named: join it
     addr, spawned = resolve(cfg.broker)
-    assert spawned is None and addr.port == broker.port
-    cfg.broker.port = free_port()  # nothing listens: a private broker on a free port
+    assert spawned is None and (addr.host, addr.port) == ("127.0.0.1", broker.port)
+    cfg.broker.port = None  # named by nothing: a private broker on a free port, whatever listens elsewhere
     addr, spawned = resolve(cfg.broker)
     try:
-        assert spawned is not None and addr.spawned and spawned.proc.poll() is None
+        assert spawned is not None and addr.spawned and spawned.proc.poll() is None and addr.port != broker.port
     finally:
         spawned.close()
     assert spawned.proc is None

@@ -42,7 +42,7 @@ from framework.config import RuntimeConfig
 from framework.errors import ConfigError, WireError
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.base import Runtime
-from framework.runtime.control import COORDINATOR, CTL, ctl_pack, ctl_unpack
+from framework.runtime.control import COORDINATOR, CTL, TO_COORDINATOR, ctl_pack, ctl_unpack
 from framework.runtime.role_process import RoleFailed
 from framework.transport import Network
 
@@ -81,6 +81,7 @@ class LocalRuntime(Runtime):
         super().__init__(cfg, cluster, codec, hooks, **kwargs)
         self.procs: dict[str, subprocess.Popen] = {}
         self.dropped = 0
+        self.rejected_control = 0  # malformed control messages: counted and skipped, never fatal
         if not isinstance(self.network, Network):
             raise ConfigError("transport.name", f"runtime={cfg.name} needs a network transport between its processes; choices: mqtt (transport=mqtt)")
         self.run_id = cfg.run_id or f"r{uuid.uuid4().hex[:10]}"
@@ -88,7 +89,7 @@ class LocalRuntime(Runtime):
     def run(self, scheduler) -> float:
         if self.cfg.tune_malloc:
             tune_malloc()
-        self.network.open()
+        self.network.open(self.run_id, [*scheduler.role_devices(), COORDINATOR])  # a private broker admits these, no one else
         try:
             makespan = asyncio.run(self._coordinate(scheduler))
             self._stop_workers(grace_s=10.0)  # they are saying goodbye: let them
@@ -96,6 +97,20 @@ class LocalRuntime(Runtime):
         finally:
             self._stop_workers()
             self.network.close()
+            self._report_transport_faults()
+
+    def _report_transport_faults(self) -> None:
+        """One line when any endpoint dropped or refused frames (summary.json has them per role)."""
+        from framework.transport import FAULTS
+
+        parts = []
+        for role, st in sorted(self.process_stats.items()):
+            counts = st.get("transport") or {}
+            bad = ", ".join(f"{k.replace('_', ' ')} {counts[k]}" for k in FAULTS if counts.get(k))
+            if bad:
+                parts.append(f"{role}: {bad}")
+        if parts:
+            print(f"runtime={self.cfg.name}: transport rejected frames ({'; '.join(parts)}); per role in summary.json processes.<role>.transport", file=sys.stderr)
 
     # -- role processes ---------------------------------------------------------------------
 
@@ -110,8 +125,8 @@ class LocalRuntime(Runtime):
         threads = self.cfg.threads
         if threads:
             env.setdefault("OMP_NUM_THREADS", str(threads))
-        for role in roles:
-            self.procs[role] = subprocess.Popen(self.worker_command(role), env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        for role in roles:  # each role's secrets in its environment, never on its command line
+            self.procs[role] = subprocess.Popen(self.worker_command(role), env={**env, **self.network.worker_env(role)}, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
 
     def _stop_workers(self, grace_s: float = 0.0) -> None:
         """Wait `grace_s` for role processes to end by themselves, then SIGTERM, then SIGKILL."""
@@ -134,7 +149,7 @@ class LocalRuntime(Runtime):
     async def _coordinate(self, scheduler) -> float:
         roles = scheduler.role_devices()
         optional = scheduler.optional_roles()
-        t = self.network.endpoint()
+        t = self.network.endpoint(COORDINATOR)
         await t.start(self.run_id, COORDINATOR)
         failure: asyncio.Future = asyncio.get_running_loop().create_future()
         ready: set[str] = set()
@@ -180,7 +195,8 @@ class LocalRuntime(Runtime):
             else:
                 print(f"runtime=remote: run id {self.run_id}, over {self.network.describe()}. Start one worker per role:", file=sys.stderr)
                 for role in roles:
-                    print("  " + " ".join(self.worker_command(role)[1:]).replace("-m framework.worker", "python -m framework.worker"), file=sys.stderr)
+                    cmd = [*self.worker_command(role)[1:], *self.network.worker_secret_args(role)]  # a 0600 file: copy it to the device
+                    print("  " + " ".join(cmd).replace("-m framework.worker", "python -m framework.worker"), file=sys.stderr)
             watchdog = asyncio.create_task(self._watch(lose))
             try:
                 await self._race(asyncio.wait_for(ready_event.wait(), self.cfg.join_timeout_s), failure)
@@ -193,9 +209,15 @@ class LocalRuntime(Runtime):
                 await t.send(role, "setup", packet)
             result = await self._race(self._serve(t, roles), failure)
             watchdog.cancel()
+            if not self.spawn_workers:  # remote roles say goodbye through the broker: keep it up until they have
+                deadline = time.monotonic() + 10.0
+                while not self._ended >= set(roles) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
             return result
         finally:
             await t.close()
+            if getattr(t, "stats", None) is not None:
+                self.process_stats.setdefault(COORDINATOR, {})["transport"] = dict(t.stats)
 
     async def _race(self, coro, failure: asyncio.Future):
         task = asyncio.ensure_future(coro)
@@ -233,9 +255,11 @@ class LocalRuntime(Runtime):
             while True:
                 data = await t.recv(role, CTL)
                 try:
-                    header, tensors = ctl_unpack(data)
-                except WireError:
-                    self.dropped += 1
+                    header, tensors = ctl_unpack(data, TO_COORDINATOR)
+                except WireError as e:  # anyone on the broker can publish one: count it, go on
+                    self.rejected_control += 1
+                    if self.rejected_control == 1:
+                        print(f"runtime={self.cfg.name}: rejected a malformed control message on role {role}'s topic ({e}); counted in summary.json processes.{COORDINATOR}.rejected_control", file=sys.stderr)
                     continue
                 if header["kind"] == "result":
                     self._ended.add(role)
@@ -300,6 +324,7 @@ class LocalRuntime(Runtime):
         finally:
             for p in pumps:
                 p.cancel()
+            self.process_stats.setdefault(COORDINATOR, {})["rejected_control"] = self.rejected_control
         for h in results.values():
             self.messages_lost += h["stats"].get("lost", 0)
             self.dropped += h["stats"].get("dropped", 0)

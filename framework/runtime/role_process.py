@@ -44,6 +44,7 @@ class LocalContext(RoleContext):
         self.timeline: list[list] = []
         self.timeline_sent = 0  # intervals already reported at an epoch end
         self.stats = {"dropped": 0, "lost": 0}
+        self.counts = {"rejected_control": 0}  # malformed control messages, reported with `process`
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"compute-{role}")
         self._outboxes: dict[str, _Outbox] = {}
         self._pending_bytes = 0
@@ -151,8 +152,8 @@ class LocalContext(RoleContext):
         state = self.role_obj.state() if self.role_obj is not None else {}
         await self._ctl({"kind": "epoch", "epoch": epoch, "now": self.now(), "timeline": self.new_intervals()}, state or None)
         while True:
-            h, _ = ctl_unpack(await self.t.recv(COORDINATOR, "go"))
-            if h.get("epoch") == epoch:
+            h, _ = await recv_ctl(self.t, "go", self.counts, self.role)
+            if h["epoch"] == epoch:
                 break
         self.codec.set_epoch(epoch + 1)  # epoch-scheduled bit widths, as the coordinator's
 
@@ -244,9 +245,10 @@ async def run_role(transport, run_id: str, role: str, build: Callable[[dict, dic
     await transport.start(run_id, role)
     joined_s = process_age_s()  # interpreter start, imports and connecting
     ctx = None
+    counts = {"rejected_control": 0}
     try:
         await transport.publish_status("ready")
-        header, weights = ctl_unpack(await _or_lost(transport.recv(COORDINATOR, "setup"), coordinator_lost))
+        header, weights = await _or_lost(recv_ctl(transport, "setup", counts, role), coordinator_lost)
         # building takes a while on a small device: off the event loop, which must keep the
         # connection alive (a loop blocked past the keepalive reads as a dead role to the broker)
         t_build = time.perf_counter()
@@ -254,11 +256,14 @@ async def run_role(transport, run_id: str, role: str, build: Callable[[dict, dic
         process = {"joined_s": joined_s, "build_s": time.perf_counter() - t_build}
         devices = sched.role_devices()
         await transport.send(COORDINATOR, CTL, ctl_pack({"kind": "built"}))
-        start, _ = ctl_unpack(await _or_lost(transport.recv(COORDINATOR, "start"), coordinator_lost))
+        start, _ = await _or_lost(recv_ctl(transport, "start", counts, role), coordinator_lost)
         ctx = LocalContext(role, devices, sctx.cluster, sctx.compressor, transport, start["t_ref"], sctx.cfg.runtime, role_obj)
+        ctx.counts = counts
         await _or_lost(role_obj.run(ctx), coordinator_lost)
         await ctx.flush()
         process["peak_rss_mib"] = peak_rss_mib()
+        process.update(counts)
+        process["transport"] = dict(transport.stats)  # frames dropped and why: summary.json processes.<role>.transport
         result = {"kind": "result", "timeline": ctx.new_intervals(), "stats": ctx.stats, "role_stats": role_obj.stats(), "process": process, "end": ctx.now()}
         await ctx._ctl(result, role_obj.state() or None)
         await transport.close()
@@ -278,6 +283,19 @@ async def run_role(transport, run_id: str, role: str, build: Callable[[dict, dic
     finally:
         if ctx is not None:
             ctx.close()
+
+
+async def recv_ctl(transport, kind: str, counts: dict, role: str) -> tuple[dict, dict | None]:
+    """The next well-formed `kind` message from the coordinator, on the tag of its kind. Anyone on
+    the broker can publish there: a malformed message is counted and skipped, never fatal."""
+    while True:
+        data = await transport.recv(COORDINATOR, kind)
+        try:
+            return ctl_unpack(data, (kind,))
+        except WireError as e:
+            counts["rejected_control"] += 1
+            if counts["rejected_control"] == 1:
+                print(f"role {role}: rejected a malformed {kind!r} control message ({e}); counted as rejected_control", file=sys.stderr)
 
 
 def process_age_s() -> float | None:

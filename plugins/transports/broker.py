@@ -1,16 +1,24 @@
 """A private mosquitto broker for one run, or the address of an existing one.
 
 `transport.broker.spawn`:
-- `auto` (default): when the configured host is this machine and nothing listens on the
-  configured port, start a private mosquitto on a free loopback port and stop it after the run;
-  otherwise connect to the configured broker.
-- `always`: always start a private broker (tests, benchmarks).
-- `never`: always connect to the configured broker.
+- `auto` (default): with `transport.broker.host` and `port` both unset (port 0 counts as
+  unset), start a private mosquitto on a free loopback port and stop it after the run.
+  Setting either names a broker: the run joins it (host defaults to 127.0.0.1, port to 1883).
+  A broker that merely happens to listen on 1883 is never joined unless named.
+- `always`: always start a private broker (on `transport.broker.port` if set), on loopback.
+- `never`: always join the named broker (127.0.0.1:1883 unless set).
+
+A private broker started for a run admits only that run: `allow_anonymous false`, one user
+per role with a random password (a mosquitto password file, PBKDF2-SHA512 hashes as
+`mosquitto_passwd` writes them) and an ACL per user (`run_acl`).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -20,9 +28,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from framework import faults
 from framework.errors import ConfigError
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 1883
 SPAWN_CHOICES = ("auto", "always", "never")
 
 INSTALL_HINT = (
@@ -46,6 +56,26 @@ def listening(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
+def password_line(user: str, password: str, iterations: int = 1000) -> str:
+    """One line of a mosquitto 2 password file: what `mosquitto_passwd` writes, without the
+    password ever being an argument of a process."""
+    salt = secrets.token_bytes(12)
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
+    return f"{user}:$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+
+
+def run_acl(prefix: str, run_id: str, roles) -> str:
+    """What each user (one per role, the coordinator included) may do on a run's broker: publish
+    as itself (topics `<prefix>/<run>/<dst>/<itself>/<tag>` and its own status), read its own
+    inbox and the run's statuses. Nothing else: no other role's inbox, no other sender's name,
+    no other run, no `#`."""
+    base = f"{prefix}/{run_id}"
+    out = []
+    for r in roles:
+        out += [f"user {r}", f"topic write {base}/+/{r}/+", f"topic write {base}/_status/{r}", f"topic read {base}/{r}/+/+", f"topic read {base}/_status/+", ""]
+    return "\n".join(out)
+
+
 @dataclass
 class BrokerAddress:
     host: str
@@ -60,7 +90,9 @@ class Broker:
     (`restart()`), which is how a run survives one."""
 
     def __init__(self, binary: str = "mosquitto", *, port: int | None = None, persistence: bool = False, max_inflight: int = 64, workdir: str | None = None,
-                 extra_conf: list[str] | None = None):
+                 extra_conf: list[str] | None = None, users: dict[str, str] | None = None, acl: str | None = None):
+        """`users` (name -> password) and `acl` (mosquitto ACL file text): a broker that admits
+        only them; without, `extra_conf` (default: anonymous clients allowed, for tests)."""
         self.binary = binary
         exe = shutil.which(binary)
         if exe is None:
@@ -69,12 +101,22 @@ class Broker:
         self.host = "127.0.0.1"
         self.port = port or free_port(self.host)
         self.persistence = persistence
+        if workdir is None:  # the folders of runs killed with SIGKILL (they could not clean up)
+            faults.remove_stale_dirs("pipelab-mosquitto-")
         self._tmp = tempfile.TemporaryDirectory(prefix="pipelab-mosquitto-", dir=workdir)
         self.dir = Path(self._tmp.name)
+        faults.own_dir(self.dir)
         self.conf = self.dir / "mosquitto.conf"
+        access = list(extra_conf or ["allow_anonymous true"])
+        if users is not None:
+            self._private_file("passwd", "".join(password_line(u, p) + "\n" for u, p in users.items()))
+            access = ["allow_anonymous false", f"password_file {self.dir / 'passwd'}"]
+            if acl is not None:
+                self._private_file("acl", acl + "\n")
+                access.append(f"acl_file {self.dir / 'acl'}")
         lines = [
             f"listener {self.port} {self.host}",
-            *(extra_conf or ["allow_anonymous true"]),
+            *access,
             f"max_inflight_messages {max_inflight}",
             "max_queued_messages 0",  # unbounded queue per client: QoS-1 data is never dropped
             "max_queued_bytes 0",
@@ -90,6 +132,11 @@ class Broker:
         ]
         self.conf.write_text("\n".join(lines) + "\n")
         self.proc: subprocess.Popen | None = None
+
+    def _private_file(self, name: str, text: str) -> None:
+        fd = os.open(self.dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
 
     def start(self, timeout: float = 10.0) -> "Broker":
         from framework.runtime.local import die_with_parent
@@ -153,14 +200,21 @@ class Broker:
             pass
 
 
-def resolve(broker_cfg) -> tuple[BrokerAddress, Broker | None]:
-    """Where to connect, and the broker we started for it (stop it after the run), if any."""
+def named(broker_cfg) -> bool:
+    """Whether the config names a broker (host or port set) rather than leaving it to the run."""
+    return broker_cfg.get("host") is not None or broker_cfg.get("port") not in (None, 0)
+
+
+def resolve(broker_cfg, *, users: dict[str, str] | None = None, acl: str | None = None) -> tuple[BrokerAddress, Broker | None]:
+    """Where to connect, and the broker we started for it (stop it after the run), if any.
+    `users`/`acl` lock a broker we start to the run (see Broker)."""
     spawn = broker_cfg.spawn
     if spawn not in SPAWN_CHOICES:
         raise ConfigError("transport.broker.spawn", f"{spawn!r} is not a choice; choices: {', '.join(SPAWN_CHOICES)}")
-    host, port = broker_cfg.host, int(broker_cfg.port)
-    local = host in LOCAL_HOSTS
-    if spawn == "always" or (spawn == "auto" and local and not listening("127.0.0.1" if host == "0.0.0.0" else host, port)):
-        b = Broker(broker_cfg.binary, persistence=bool(broker_cfg.persistence)).start()
+    host, port = broker_cfg.get("host"), broker_cfg.get("port")
+    if spawn == "always" or (spawn == "auto" and not named(broker_cfg)):
+        if host is not None and host not in LOCAL_HOSTS:
+            raise ConfigError("transport.broker.host", f"a broker this run starts listens on loopback only; got host {host!r} with spawn={spawn} (spawn=never joins a broker there)")
+        b = Broker(broker_cfg.binary, port=int(port) if port else None, persistence=bool(broker_cfg.persistence), users=users, acl=acl).start()
         return b.address, b
-    return BrokerAddress(host, port), None
+    return BrokerAddress(host or DEFAULT_HOST, int(port) if port else DEFAULT_PORT), None

@@ -1,27 +1,30 @@
 """`transport=mqtt`: role messages through an MQTT broker, the way IoT devices talk.
 
-Topics: `<prefix>/<run_id>/<dst_role>/<tag>` for data and `<prefix>/<run_id>/_status/<role>`
-for role states (each client's last will there says `lost`). QoS 1 throughout.
-
-Every MQTT message is one frame (little-endian):
-
-    magic "PLMQ" | version u8 | flags u8 | src_len u8 | tag_len u8 | seq u64 | chunk u32
-    | n_chunks u32 | total_len u64 | offset u64 | xxh3_64 u64 | src | tag | chunk bytes
+Topics: `<prefix>/<run_id>/<dst>/<src>/<tag>` for data (the sender's name is a topic level, so
+a broker ACL can hold each role to its own name) and `<prefix>/<run_id>/_status/<role>` for
+role states (each client's last will there says `lost`). QoS 1 throughout. The bytes of frames
+and statuses, and their authentication, are in mqtt_frame.py; putting messages back together
+in bounded memory is mqtt_reassembly.py; the run's secrets and how they reach role processes
+are mqtt_credentials.py; the config is mqtt_config.py; the private broker is broker.py. This
+module is the client (MqttTransport) and the run's network (MqttNetwork).
 
 A message larger than `chunk_bytes` travels as several frames (brokers and clients handle
-megabyte messages much better than hundred-megabyte ones). The receiver writes each chunk into
-one preallocated buffer and checks that every chunk came, the total length and the XXH3-64
-hash of the whole message (0.14 ms per MiB here; zlib's CRC-32 took 0.55 ms, a quarter of a
-16 MiB round trip's time across its four passes). A message of one frame is checked by its
-length alone and delivered without a copy: like every MQTT payload it is protected by TCP's
-checksum, and with nothing to reassemble a hash would only cost time. Messages are
-delivered per (src, tag) in `seq` order exactly once: QoS 1 is at-least-once, and a
-publish retried after a reconnect may repeat or reorder frames. Anything else on the run's
-topics (foreign bytes, a frame whose fields disagree, a failed checksum) is dropped and counted.
+megabyte messages much better than hundred-megabyte ones). A message of one frame is delivered
+without a copy. Messages are delivered per (src, tag) in `seq` order exactly once: QoS 1 is
+at-least-once, and a publish retried after a reconnect may repeat or reorder frames.
+
+Authenticated mode (every run of `runtime=local`/`remote`: the endpoint has the run's
+credentials): every frame carries a MAC under the run key, checked before anything else is
+done with it, so a frame from anyone who does not hold the key is counted (`unauthenticated`)
+and dropped without touching a sequence number or allocating a buffer; statuses (the last
+will included) are authenticated too. Without credentials (tests, benchmarks, an API user)
+frames carry an XXH3-64 of each multi-chunk message instead, and nothing is authenticated;
+an authenticated endpoint rejects such frames, and the reverse.
 
 Memory is bounded: at most `max_inflight` chunks are published and unacknowledged at once
 (`send` waits for a slot: back-pressure), a message is encoded once and sliced, never copied
-whole, and a message larger than `max_message_bytes` is refused at both ends.
+whole, a message larger than `max_message_bytes` is refused at both ends, and the receiving
+side bounds what each peer can make it hold (mqtt_reassembly.py).
 
 The connection is supervised: if it drops, the client reconnects with exponential backoff
 (a persistent session, `clean_session=False`, so the broker keeps this role's QoS-1 messages
@@ -36,26 +39,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import socket
-import struct
-from dataclasses import dataclass, field
-from typing import Optional
+import time
 
 import aiomqtt
 import xxhash
 from aiomqtt.exceptions import MqttConnectError
 
-from framework.config import TransportConfig
 from framework.errors import ConfigError
 from framework.registry import register
-from framework.transport import Mailboxes, Network, Transport, TransportError, check_name
+from framework.transport import NAME_RE, Mailboxes, Network, Transport, TransportError, check_name
+from plugins.transports.mqtt_config import BrokerConfig, MqttConfig, check_link, is_loopback, validate_config  # noqa: F401  (re-exported)
+from plugins.transports.mqtt_credentials import ENV as CREDENTIALS_ENV
+from plugins.transports.mqtt_credentials import RoleCredentials, RunSecrets, broker_password, load
+from plugins.transports.mqtt_frame import (FLAG_MAC, HEADER, LAST_COUNTER, MAC_LEN, MAGIC, MAX_COUNTER, VERSION, Authenticator, context, pack_head, pack_status,
+                                           parse_status)
+from plugins.transports.mqtt_reassembly import OK, Reassembly, layout_ok
 
-MAGIC = b"PLMQ"
-VERSION = 2
-_FRAME = struct.Struct("<4sBBBBQIIQQQ")
 checksum = xxhash.xxh3_64_intdigest
 STATUS = "_status"
 SOCKET_BUFFER = 4 << 20
+_NO_TAG = bytes(MAC_LEN)
 
 log = logging.getLogger("pipelab.mqtt")
 # aiomqtt warns whenever more than 10 publishes await their acknowledgement; our window allows
@@ -64,78 +69,9 @@ _client_log = logging.getLogger("pipelab.mqtt.client")
 _client_log.setLevel(logging.ERROR)
 
 
-@dataclass
-class BrokerConfig:
-    host: str = "127.0.0.1"
-    port: int = 1883
-    spawn: str = "auto"  # auto | always | never (see plugins/transports/broker.py)
-    binary: str = "mosquitto"
-    persistence: bool = False  # a spawned broker keeps sessions across its own restart
-
-
-@dataclass
-class MqttConfig(TransportConfig):
-    """Role messages through an MQTT broker (mosquitto): chunked, ordered, QoS 1."""
-
-    name: str = "mqtt"
-    broker: BrokerConfig = field(default_factory=BrokerConfig)
-    topic_prefix: str = "pipelab"
-    chunk_bytes: int = 1 << 20  # frames above this are split
-    max_inflight: int = 16  # chunks published and not yet acknowledged (back-pressure)
-    max_message_bytes: int = 1 << 31  # larger messages are refused (both ends)
-    keepalive_s: int = 5  # a dead peer is noticed within ~1.5x this (its last will)
-    connect_timeout_s: float = 15.0
-    reconnect_initial_s: float = 0.1
-    reconnect_max_s: float = 5.0
-    reconnect_timeout_s: float = 60.0  # give up after this long without a connection
-    username: Optional[str] = None
-    password: Optional[str] = None
-    tls: bool = False
-    tls_ca_certs: Optional[str] = None
-    tls_certfile: Optional[str] = None
-    tls_keyfile: Optional[str] = None
-    tls_insecure: bool = False  # accept a certificate whose host name does not match
-
-
-def validate_config(cfg) -> None:
-    if cfg.chunk_bytes < 1024:
-        raise ConfigError("transport.chunk_bytes", f"must be >= 1024, got {cfg.chunk_bytes}")
-    if cfg.max_inflight < 1:
-        raise ConfigError("transport.max_inflight", f"must be >= 1, got {cfg.max_inflight}")
-    if cfg.keepalive_s < 1:
-        raise ConfigError("transport.keepalive_s", f"must be >= 1 s, got {cfg.keepalive_s}")
-    if "/" in cfg.topic_prefix or "+" in cfg.topic_prefix or "#" in cfg.topic_prefix or not cfg.topic_prefix:
-        raise ConfigError("transport.topic_prefix", f"{cfg.topic_prefix!r} must be one non-empty topic level without / + #")
-    if (cfg.password is not None) and cfg.username is None:
-        raise ConfigError("transport.username", "a password needs a username")
-
-
-def frame(src: bytes, tag: bytes, seq: int, chunk: int, n_chunks: int, total: int, offset: int, digest: int, body) -> bytes:
-    head = _FRAME.pack(MAGIC, VERSION, 0, len(src), len(tag), seq, chunk, n_chunks, total, offset, digest)
-    return b"".join((head, src, tag, body))
-
-
-class _Partial:
-    """One message being reassembled."""
-
-    __slots__ = ("buf", "have", "n_chunks", "digest", "size", "filled")
-
-    def __init__(self, total: int, n_chunks: int, digest: int):
-        self.buf = bytearray(total)
-        self.have: set[int] = set()
-        self.n_chunks, self.digest, self.size = n_chunks, digest, total
-        self.filled = 0
-
-
-class _Stream:
-    """Messages from one (src, tag): what is being reassembled, and what comes next."""
-
-    __slots__ = ("next_seq", "partial", "done")
-
-    def __init__(self):
-        self.next_seq = 0
-        self.partial: dict[int, _Partial] = {}
-        self.done: dict[int, bytearray] = {}  # complete but waiting for an earlier seq
+def frame(src: bytes, tag: bytes, seq: int, chunk: int, n_chunks: int, total: int, offset: int, digest: int, body, *, session: int = 0) -> bytes:
+    """An unauthenticated frame (tests, tools). `src` and `tag` travel in the topic, not here."""
+    return b"".join((pack_head(0, seq, chunk, n_chunks, total, offset, session, digest), body))
 
 
 class _Handled(asyncio.Queue):
@@ -150,16 +86,23 @@ class _Handled(asyncio.Queue):
 
 
 class MqttTransport(Transport):
-    def __init__(self, cfg, address=None):
+    def __init__(self, cfg, address=None, credentials: RoleCredentials | None = None):
         super().__init__()
         validate_config(cfg)
         self.cfg = cfg
         # read per message: plain ints, not config lookups
         self._chunk_bytes, self._max_bytes = int(cfg.chunk_bytes), int(cfg.max_message_bytes)
-        self._topics: dict[tuple[str, str], str] = {}
+        self._topics: dict[tuple[str, str], tuple[str, bytes]] = {}
         self.address = address  # BrokerAddress; None: cfg.broker.host/port
+        self.credentials = credentials
+        self.auth = Authenticator(credentials.key, credentials.mac) if credentials is not None else None
+        self.session = secrets.randbits(64)  # this endpoint's frames and statuses, told apart from any other's
+        self._counter = 0  # frames this endpoint made: with the session, each frame's MAC nonce
+        self._status_counter = 0
+        self._status_seen: dict[tuple[str, int], int] = {}  # (role, session) -> last counter
         self.mail = Mailboxes()
-        self._streams: dict[tuple[str, str], _Stream] = {}
+        self._reasm = Reassembly(max_message_bytes=self._max_bytes, window=4 * int(cfg.max_inflight) + 64, peer_budget=2 * self._max_bytes,
+                                 stale_s=float(cfg.partial_timeout_s), max_streams=None if self.auth else 4096, checksum=None if self.auth else checksum)
         self._seq: dict[tuple[str, str], int] = {}
         self._window: asyncio.Semaphore | None = None
         self._pending: set[asyncio.Task] = set()
@@ -167,6 +110,7 @@ class MqttTransport(Transport):
         self._closing = False
         self._error: BaseException | None = None
         self._supervisor: asyncio.Task | None = None
+        self._expirer: asyncio.Task | None = None
         self._client: aiomqtt.Client | None = None
 
     # ---- connection ---------------------------------------------------------------------
@@ -174,22 +118,35 @@ class MqttTransport(Transport):
     def _topic(self, *levels: str) -> str:
         return "/".join((self.cfg.topic_prefix, self.run_id, *levels))
 
+    def _host_port(self) -> tuple[str, int]:
+        from plugins.transports.broker import DEFAULT_HOST, DEFAULT_PORT
+
+        if self.address:
+            return self.address.host, self.address.port
+        b = self.cfg.broker
+        return b.host or DEFAULT_HOST, int(b.port) if b.port else DEFAULT_PORT
+
     def _make_client(self, clean: bool) -> aiomqtt.Client:
         cfg = self.cfg
-        host, port = (self.address.host, self.address.port) if self.address else (cfg.broker.host, int(cfg.broker.port))
+        host, port = self._host_port()
         tls = None
         if cfg.tls:
             tls = aiomqtt.TLSParameters(ca_certs=cfg.tls_ca_certs, certfile=cfg.tls_certfile, keyfile=cfg.tls_keyfile)
+        if self.credentials is not None:
+            username, password = self.credentials.username, self.credentials.password
+        else:
+            username, password = cfg.username, broker_password(cfg.password)
         handled = type("_HandledQueue", (_Handled,), {"handler": staticmethod(lambda m: self._on_message(str(m.topic), m.payload))})
+        will = pack_status("lost", self.session, LAST_COUNTER, self.auth, self.run_id, self.role)
         return aiomqtt.Client(
             host,
             port,
-            username=cfg.username,
-            password=cfg.password,
+            username=username,
+            password=password,
             identifier=f"{cfg.topic_prefix}-{self.run_id}-{self.role}",
             clean_session=clean,
             keepalive=int(cfg.keepalive_s),
-            will=aiomqtt.Will(self._topic(STATUS, self.role), b"lost", qos=1),
+            will=aiomqtt.Will(self._topic(STATUS, self.role), will, qos=1),
             max_inflight_messages=max(20, int(cfg.max_inflight)),
             queue_type=handled,
             # room for a whole chunk in the kernel: fewer wake-ups per megabyte
@@ -202,11 +159,16 @@ class MqttTransport(Transport):
 
     async def start(self, run_id: str, role: str) -> None:
         self.run_id, self.role = check_name("run", run_id), check_name("role", role)
+        c = self.credentials
+        if c is not None and (c.run_id, c.role) != (run_id, role):
+            raise TransportError(f"these credentials are for role {c.role} of run {c.run_id}, not role {role} of run {run_id}")
+        check_link(self.cfg, self._host_port()[0])
         self._window = asyncio.Semaphore(int(self.cfg.max_inflight))
         self._connected = asyncio.Event()
         self._client = self._make_client(clean=False)
         first = asyncio.get_running_loop().create_future()
         self._supervisor = asyncio.create_task(self._supervise(first), name=f"mqtt-{role}")
+        self._expirer = asyncio.create_task(self._expire_stale(), name=f"mqtt-expire-{role}")
         try:
             await asyncio.wait_for(asyncio.shield(first), self.cfg.connect_timeout_s)
         except asyncio.TimeoutError:
@@ -217,19 +179,23 @@ class MqttTransport(Transport):
             raise
 
     def _where(self) -> str:
-        a = self.address or self.cfg.broker
-        return f"{a.host}:{a.port}"
+        return "%s:%d" % self._host_port()
+
+    async def _subscribe(self, client: aiomqtt.Client, topic: str) -> None:
+        granted = await client.subscribe(topic, qos=1)
+        if any(getattr(g, "is_failure", False) or g == 0x80 for g in granted):
+            raise TransportError(f"the MQTT broker at {self._where()} refused the subscription to {topic} (its ACL)")
 
     async def _supervise(self, first: asyncio.Future) -> None:
-        """Stay connected: (re)connect with backoff, subscribe, hand every frame to `_on_frame`."""
+        """Stay connected: (re)connect with backoff, subscribe, hand every frame to `_on_message`."""
         delay = self.cfg.reconnect_initial_s
         lost_at = None
         loop = asyncio.get_running_loop()
         while not self._closing:
             try:
                 async with self._client as client:
-                    await client.subscribe(self._topic(self.role, "#"), qos=1)
-                    await client.subscribe(self._topic(STATUS, "+"), qos=1)
+                    await self._subscribe(client, self._topic(self.role, "+", "+"))
+                    await self._subscribe(client, self._topic(STATUS, "+"))
                     if lost_at is not None:
                         self.stats["reconnects"] += 1
                     lost_at = None
@@ -257,11 +223,20 @@ class MqttTransport(Transport):
                 delay = min(delay * 2, self.cfg.reconnect_max_s)
             except asyncio.CancelledError:
                 raise
-            except BaseException as e:  # a bug here must not leave the role waiting forever
+            except BaseException as e:  # a bug (or a refused subscription) must not leave the role waiting forever
                 self._fail(e)
                 if not first.done():
                     first.set_exception(e)
                 return
+
+    async def _expire_stale(self) -> None:
+        period = max(0.05, min(5.0, self.cfg.partial_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            n = self._reasm.expire(time.monotonic())
+            if n:
+                self._reject("expired", n)
+                log.warning("mqtt %s: dropped %d half-received message(s) after %.0fs without a chunk", self.role, n, self.cfg.partial_timeout_s)
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -273,72 +248,75 @@ class MqttTransport(Transport):
     # ---- receiving ----------------------------------------------------------------------
 
     def _on_message(self, topic: str, payload) -> None:
-        levels = topic.split("/")
-        if len(levels) != 4:
-            self.stats["dropped"] += 1
-            return
-        _, _, dst, tag = levels
-        if dst == STATUS:
-            state = bytes(payload).decode(errors="replace") if payload else ""
-            self._status(tag, state)
-            return
-        if dst != self.role or not self._on_frame(tag, payload):
-            self.stats["dropped"] += 1
-
-    def _on_frame(self, topic_tag: str, payload) -> bool:
-        """Place one frame; False if it is not a well-formed frame of this run."""
-        if not isinstance(payload, (bytes, bytearray)) or len(payload) < _FRAME.size:
-            return False
-        magic, version, _flags, src_len, tag_len, seq, chunk, n_chunks, total, offset, digest = _FRAME.unpack_from(payload)
-        if magic != MAGIC or version != VERSION or n_chunks < 1 or chunk >= n_chunks or total > self._max_bytes:
-            return False
-        head = _FRAME.size + src_len + tag_len
-        if len(payload) < head or offset + len(payload) - head > total:
-            return False
+        """Everything the broker delivers comes here; nothing it holds may raise out of it."""
         try:
-            src = payload[_FRAME.size : _FRAME.size + src_len].decode()
-            tag = payload[_FRAME.size + src_len : head].decode()
-        except UnicodeDecodeError:
-            return False
-        if tag != topic_tag:
-            return False
-        body = memoryview(payload)[head:]
-        stream = self._streams.get((src, tag))
-        if stream is None:
-            stream = self._streams[(src, tag)] = _Stream()
-        if seq < stream.next_seq or seq in stream.done:
-            return True  # a duplicate of something delivered: at-least-once delivery
-        if n_chunks == 1:  # whole in one frame: deliver a view of it, no copy
-            if len(body) != total:
-                return False
-            self._complete(stream, src, tag, seq, body)
-            return True
-        part = stream.partial.get(seq)
-        if part is None:
-            part = stream.partial[seq] = _Partial(total, n_chunks, digest)
-        elif (part.size, part.n_chunks, part.digest) != (total, n_chunks, digest):
-            return False
-        if chunk in part.have:
-            return True
-        part.buf[offset : offset + len(body)] = body
-        part.have.add(chunk)
-        part.filled += len(body)
-        if len(part.have) < n_chunks:
-            return True
-        del stream.partial[seq]
-        if part.filled != total or checksum(part.buf) != digest:
-            self.stats["dropped"] += 1  # corrupted: the sender does not know; count it loudly
-            log.warning("mqtt %s: message %d from %s/%s failed its checksum and was dropped", self.role, seq, src, tag)
-            return True
-        self._complete(stream, src, tag, seq, part.buf)
-        return True
+            levels = topic.split("/")
+            if len(levels) < 4 or levels[0] != self.cfg.topic_prefix or levels[1] != self.run_id:
+                self._reject("foreign")
+            elif len(levels) == 4 and levels[2] == STATUS:
+                self._on_status(levels[3], payload)
+            elif len(levels) == 5 and levels[2] == self.role:
+                self._on_frame(levels[3], levels[4], payload)
+            else:
+                self._reject("foreign")
+        except Exception:  # a bug here must cost one frame, not the connection
+            log.exception("mqtt %s: a frame on %s could not be handled", self.role, topic[:200])
+            self._reject("malformed")
 
-    def _complete(self, stream: _Stream, src: str, tag: str, seq: int, buf) -> None:
-        """A whole message has arrived: deliver it and whatever waited for it, in seq order."""
-        stream.done[seq] = buf
-        while stream.next_seq in stream.done:
-            buf = stream.done.pop(stream.next_seq)
-            stream.next_seq += 1
+    def _on_status(self, role: str, payload) -> None:
+        if not NAME_RE.match(role):
+            self._reject("foreign")
+            return
+        verdict, state, session, counter = parse_status(payload, self.auth, self.run_id, role)
+        if verdict != OK:
+            self._reject(verdict)
+            return
+        key = (role, session)
+        if counter <= self._status_seen.get(key, -1):
+            self._reject("replayed")
+            return
+        if len(self._status_seen) > 4096:  # unauthenticated mode: anyone can invent sessions
+            self._status_seen.clear()
+        self._status_seen[key] = counter
+        self._status(role, state)
+
+    def _on_frame(self, src: str, tag: str, payload) -> None:
+        """Check and place one frame: structure, then MAC, then sequence and memory bounds."""
+        if not (NAME_RE.match(src) and NAME_RE.match(tag)):
+            self._reject("foreign")
+            return
+        if not isinstance(payload, (bytes, bytearray)) or len(payload) < HEADER.size:
+            self._reject("malformed")
+            return
+        magic, version, flags, _reserved, session, _counter, chunk, n_chunks, seq, total, offset, digest = HEADER.unpack_from(payload)
+        if magic != MAGIC or version != VERSION or flags & ~FLAG_MAC:
+            self._reject("malformed")
+            return
+        auth = self.auth
+        if bool(flags & FLAG_MAC) != (auth is not None):
+            self._reject("unauthenticated")
+            return
+        end = len(payload) - (MAC_LEN if auth is not None else 0)
+        if end < HEADER.size:
+            self._reject("malformed")
+            return
+        body = memoryview(payload)[HEADER.size : end]
+        if not layout_ok(chunk, n_chunks, total, offset, len(body)):
+            self._reject("malformed")
+            return
+        if auth is not None and not auth.frame_ok(context(self.run_id, src, self.role, tag), payload[: HEADER.size], body, payload[end:]):
+            self._reject("unauthenticated")  # before anything is allocated or any sequence number is looked at
+            return
+        if total > self._max_bytes:
+            self._reject("over_budget")
+            return
+        verdict, ready = self._reasm.place(src, tag, seq, chunk, n_chunks, total, offset, session, digest, body, time.monotonic())
+        if verdict != OK:
+            self._reject(verdict)
+            if verdict == "malformed" and n_chunks > 1 and auth is None:
+                log.warning("mqtt %s: message %d from %s/%s failed its checksum and was dropped", self.role, seq, src, tag)
+            return
+        for buf in ready:
             self.stats["received"] += 1
             self.stats["received_bytes"] += len(buf)
             self.mail.put(src, tag, buf)
@@ -352,9 +330,11 @@ class MqttTransport(Transport):
         if self._error is not None:
             raise self._error
         key = (dst, tag)
-        topic = self._topics.get(key)
-        if topic is None:
-            topic = self._topics[key] = self._topic(check_name("role", dst), check_name("tag", tag))
+        route = self._topics.get(key)
+        if route is None:
+            topic = self._topic(check_name("role", dst), self.role, check_name("tag", tag))
+            route = self._topics[key] = (topic, context(self.run_id, self.role, dst, tag))
+        topic, ctx = route
         mv = memoryview(data).cast("B")
         total = len(mv)
         if total > self._max_bytes:
@@ -363,14 +343,25 @@ class MqttTransport(Transport):
         self._seq[key] = seq + 1
         n = max(1, math.ceil(total / self._chunk_bytes))
         c = max(1, math.ceil(total / n))  # equal chunks: 1 MiB + a header is two halves, not 1 MiB and a sliver
-        digest = checksum(mv) if n > 1 else 0
-        src_b, tag_b = self.role.encode(), tag.encode()
+        auth = self.auth
+        flags = FLAG_MAC if auth is not None else 0
+        digest = checksum(mv) if n > 1 and auth is None else 0  # authenticated: every chunk has its MAC
         for i in range(n):
             await self._window.acquire()
             if self._error is not None:
                 self._window.release()
                 raise self._error
-            payload = frame(src_b, tag_b, seq, i, n, total, i * c, digest, mv[i * c : (i + 1) * c])
+            body = mv[i * c : (i + 1) * c]
+            if self._counter >= MAX_COUNTER:  # a nonce must never repeat: 4 billion frames per endpoint
+                self._window.release()
+                raise TransportError(f"role {self.role} sent {MAX_COUNTER} frames on one connection; start a new run")
+            self._counter += 1
+            head = pack_head(flags, seq, i, n, total, i * c, self.session, digest, self._counter)
+            if auth is None:
+                payload = b"".join((head, body))
+            else:  # copied first, then MAC'd where it lies, still in cache; paho takes a bytearray as it is
+                payload = bytearray().join((head, body, _NO_TAG))
+                payload[-MAC_LEN:] = auth.frame_tag(ctx, head, memoryview(payload)[len(head) : -MAC_LEN])
             task = asyncio.create_task(self._publish(topic, payload))
             self._pending.add(task)
             task.add_done_callback(self._published)
@@ -408,7 +399,9 @@ class MqttTransport(Transport):
         await self._connected.wait()
         if self._error is not None:
             raise self._error
-        await self._client.publish(self._topic(STATUS, self.role), state.encode(), qos=1, timeout=self.cfg.connect_timeout_s)
+        self._status_counter += 1
+        payload = pack_status(state, self.session, self._status_counter, self.auth, self.run_id, self.role)
+        await self._client.publish(self._topic(STATUS, self.role), payload, qos=1, timeout=self.cfg.connect_timeout_s)
 
     # ---- ending -------------------------------------------------------------------------
 
@@ -427,13 +420,15 @@ class MqttTransport(Transport):
         self._closing = True
         for t in list(self._pending):
             t.cancel()
-        sup, self._supervisor = self._supervisor, None
-        if sup is not None:
-            sup.cancel()
-            try:
-                await sup
-            except (asyncio.CancelledError, Exception):
-                pass
+        for attr in ("_expirer", "_supervisor"):
+            task = getattr(self, attr)
+            setattr(self, attr, None)
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
 
     async def _forget_session(self) -> None:
         """Connect once with a clean session, so the broker drops what it kept for this role."""
@@ -450,40 +445,75 @@ class MqttTransport(Transport):
 
 
 class MqttNetwork(Network):
-    """The broker a run's roles meet at: a private mosquitto (spawn=auto/always) or a given one."""
+    """The broker a run's roles meet at: a private mosquitto that admits only the run
+    (spawn=auto/always), or a named one; and the run's secrets."""
 
     def __init__(self, cfg):
         validate_config(cfg)
         self.cfg = cfg
         self.address = None
         self.broker = None
+        self.secrets: RunSecrets | None = None
 
-    def open(self) -> None:
-        from plugins.transports.broker import resolve
+    def private(self) -> bool:
+        from plugins.transports.broker import named
 
-        self.address, self.broker = resolve(self.cfg.broker)
+        b = self.cfg.broker
+        return b.spawn == "always" or (b.spawn == "auto" and not named(b))
+
+    def open(self, run_id: str, roles) -> None:
+        from plugins.transports.broker import resolve, run_acl
+
+        cfg = self.cfg
+        roles = list(roles)
+        if self.private():
+            self.secrets = RunSecrets(run_id, roles, cfg.mac, broker_users=True)
+            self.address, self.broker = resolve(cfg.broker, users=self.secrets.passwords, acl=run_acl(cfg.topic_prefix, run_id, roles))
+        else:
+            self.address, _ = resolve(cfg.broker)
+            check_link(cfg, self.address.host)
+            self.secrets = RunSecrets(run_id, roles, cfg.mac, broker_users=False, username=cfg.username, password=broker_password(cfg.password))
 
     def close(self) -> None:
         b, self.broker = self.broker, None
         if b is not None:
             b.close()
+        if self.secrets is not None:
+            self.secrets.close()
 
-    def endpoint(self) -> MqttTransport:
-        return MqttTransport(self.cfg, self.address)
+    def endpoint(self, role: str | None = None) -> MqttTransport:
+        """The coordinator's (after `open`), or, in a role process, the one its credentials name."""
+        if self.secrets is not None:
+            return MqttTransport(self.cfg, self.address, self.secrets.for_role(role))
+        creds = load(self.cfg.credentials_file)
+        if creds is None:
+            raise ConfigError("transport.credentials_file", f"a role needs its run's credentials: runtime=local hands them over in ${CREDENTIALS_ENV}; "
+                              "for runtime=remote the coordinator prints each role's command with transport.credentials_file=<file it wrote>")
+        return MqttTransport(self.cfg, self.address, creds)
 
     def worker_args(self) -> list[str]:
         from omegaconf import OmegaConf
 
+        from plugins.transports.broker import DEFAULT_HOST, DEFAULT_PORT
+
         a = self.address or self.cfg.broker
         out = ["transport=mqtt"]
         for k, v in OmegaConf.to_container(self.cfg, resolve=True).items():
-            if k not in ("name", "broker") and v is not None:
+            # secrets travel in worker_env / worker_secret_args, never in a command line
+            if k not in ("name", "broker", "username", "password", "credentials_file", "mac") and v is not None:
                 out.append(f"transport.{k}={v}")
-        return out + [f"transport.broker.host={a.host}", f"transport.broker.port={a.port}", "transport.broker.spawn=never"]
+        host, port = a.host or DEFAULT_HOST, a.port or DEFAULT_PORT
+        return out + [f"transport.broker.host={host}", f"transport.broker.port={port}", "transport.broker.spawn=never"]
+
+    def worker_env(self, role: str) -> dict[str, str]:
+        return {CREDENTIALS_ENV: self.secrets.for_role(role).token()}
+
+    def worker_secret_args(self, role: str) -> list[str]:
+        return [f"transport.credentials_file={self.secrets.write_file(role)}"]
 
     def describe(self) -> str:
         a = self.address or self.cfg.broker
-        return f"MQTT broker {a.host}:{a.port}" + (" (private mosquitto)" if self.broker else "")
+        return f"MQTT broker {a.host}:{a.port}" + (" (private mosquitto, this run only)" if self.broker else "")
 
 
 @register("transport", "mqtt", schema=MqttConfig)
