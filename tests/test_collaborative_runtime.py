@@ -145,7 +145,8 @@ def _run_and_kill(tmp_path, overrides, victim_role, after_line="epoch 0:"):
     return coord.returncode, out, "".join(err_lines) + err, elapsed, runs, list(everyone)
 
 
-@pytest.mark.parametrize("sched", [pytest.param(["scheduler=fl"], marks=pytest.mark.slow), ["scheduler=pipar", "scheduler.P=2", "scheduler.N=2"]], ids=["fl", "pipar"])
+@pytest.mark.slow  # about 50 s: real processes, one killed mid-run
+@pytest.mark.parametrize("sched", [["scheduler=fl"], ["scheduler=pipar", "scheduler.P=2", "scheduler.N=2"]], ids=["fl", "pipar"])
 def test_a_killed_device_is_a_dropout_and_the_run_goes_on(tmp_path, sched):
     code, out, err, _, runs, _ = _run_and_kill(tmp_path, sched, "dev1")
     assert code == 0, err[-3000:]
@@ -162,7 +163,8 @@ def test_a_killed_device_is_a_dropout_and_the_run_goes_on(tmp_path, sched):
     assert summary["history"]["val/loss"] == pytest.approx(ref.history["val/loss"], abs=1e-10)
 
 
-@pytest.mark.parametrize("sched,victim", [pytest.param(["scheduler=fl"], "fed", marks=pytest.mark.slow), (["scheduler=pipar", "scheduler.P=2", "scheduler.N=2"], "srv0")], ids=["fl-fed", "pipar-srv0"])
+@pytest.mark.slow  # about 30 s: real processes, one killed mid-run
+@pytest.mark.parametrize("sched,victim", [(["scheduler=fl"], "fed"), (["scheduler=pipar", "scheduler.P=2", "scheduler.N=2"], "srv0")], ids=["fl-fed", "pipar-srv0"])
 def test_killing_a_server_role_fails_fast_and_leaves_nothing(tmp_path, sched, victim):
     code, out, err, elapsed, runs, everyone = _run_and_kill(tmp_path, sched, victim)
     assert code != 0 and elapsed < 10, (elapsed, err[-2000:])

@@ -33,7 +33,7 @@ def final_weights(job) -> dict:
     return {k: v.clone() for k, v in job.final_model().state_dict().items()}
 
 
-@pytest.mark.parametrize("sched,devices", [("local", 1), ("gpipe", 2), ("1f1b", 4)])
+@pytest.mark.parametrize("sched,devices", [("local", 1), ("gpipe", 2), pytest.param("1f1b", 4, marks=pytest.mark.slow)])
 def test_local_runtime_matches_the_simulator_exactly(tmp_path, sched, devices):
     common = [f"scheduler={sched}", "cluster=uniform", f"cluster.num_devices={devices}", "model=mlp", "dataset=synthetic_mnist",
               "runtime.dtype=float64", "train.epochs=2", "train.iterations_per_epoch=3", "train.batch_size=16"]
@@ -160,7 +160,7 @@ def test_link_emulation_prices_transfers_as_size_over_bandwidth_plus_latency(tmp
 
 
 @pytest.mark.parametrize("sched,roles", [(["scheduler=gpipe", "cluster=uniform", "model=mlp"], ["stage0", "stage1"]),
-                                         (["scheduler=pipar", "cluster=pipar_wifi", "model=lenet", "dataset.n_train=200", "train.batch_size=20"], ["dev0", "dev1", "srv0", "srv1", "fed"])], ids=["gpipe", "pipar"])
+                                         pytest.param(["scheduler=pipar", "cluster=pipar_wifi", "model=lenet", "dataset.n_train=200", "train.batch_size=20"], ["dev0", "dev1", "srv0", "srv1", "fed"], marks=pytest.mark.slow)], ids=["gpipe", "pipar"])
 def test_remote_roles_join_with_the_printed_commands(tmp_path, sched, roles):
     cmd = [sys.executable, "-m", "framework", "runtime=remote", "transport=mqtt", *sched, "cluster.num_devices=2",
            "dataset=synthetic_mnist", "train.epochs=1", "train.iterations_per_epoch=3", "runtime.progress=false", "tracking=none",

@@ -97,7 +97,7 @@ def max_diff(a, b) -> float:
     return max(float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
 
 
-@pytest.mark.parametrize("P", [1, 2, 3, 4])
+@pytest.mark.parametrize("P", [1] + [pytest.param(p, marks=pytest.mark.slow) for p in (2, 3, 4)])
 def test_pipar_iterations_equal_full_batch_sgd(tmp_path, P):
     """Two PiPar iterations (so momentum matters) equal two full-batch SGD-momentum steps of
     the unsplit model, for every N that divides B = 100."""
