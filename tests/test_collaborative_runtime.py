@@ -35,7 +35,7 @@ def max_weight_diff(a: dict, b: dict) -> float:
 
 
 CASES = {
-    "pipar_P2_N4": ["scheduler=pipar", "scheduler.P=2", "scheduler.N=4"],
+    "pipar_P2_N4": pytest.param(["scheduler=pipar", "scheduler.P=2", "scheduler.N=4"], marks=pytest.mark.slow),  # ~30 s
     "fl": pytest.param(["scheduler=fl"], marks=pytest.mark.slow),
     "pipar_P1_N1": pytest.param(["scheduler=pipar", "scheduler.P=1", "scheduler.N=1", "scheduler.server_mode=sequential"], marks=pytest.mark.slow),
     "sfl": pytest.param(["scheduler=sfl", "scheduler.P=2"], marks=pytest.mark.slow),

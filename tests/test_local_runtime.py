@@ -82,6 +82,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+@pytest.mark.slow  # real processes stopped mid-run (15-20 s)
 def test_killing_a_role_fails_the_run_fast_and_leaves_nothing_behind(tmp_path):
     db = tmp_path / "mlflow.db"
     cmd = [sys.executable, "-m", "framework", "runtime=local", "transport=mqtt", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=3",
@@ -196,6 +197,7 @@ def test_missing_remote_roles_are_named_when_the_join_times_out(tmp_path):
     assert "did not join within runtime.join_timeout_s=2s: missing stage0, stage1" in p.stderr
 
 
+@pytest.mark.slow  # real processes stopped mid-run (15-20 s)
 def test_ctrl_c_stops_every_process_and_fails_the_mlflow_run(tmp_path):
     db = tmp_path / "mlflow.db"
     cmd = [sys.executable, "-m", "framework", "runtime=local", "transport=mqtt", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=2",

@@ -328,7 +328,8 @@ OPTUNA_TINY = ["model=mlp", "cluster.num_devices=2", "train.epochs=1", "train.it
 FLOOR = 0.33  # 1-bit activations stay near 0.2 in 8 iterations here, 2- and 4-bit ones reach about 0.38
 
 
-@pytest.mark.parametrize("trials", [pytest.param(8, marks=pytest.mark.slow), 3])
+@pytest.mark.slow
+@pytest.mark.parametrize("trials", [8, 3])
 def test_optuna_preset_runs_its_trials_and_the_parent_names_optunas_best(tmp_path, mlflow_store, trials):
     """The preset's 8 trials (slow), and 3 of them (fast). The seeded sampler's first trials are
     drawn before any value is known: 1-bit at N=8, then 2-bit at N=1 twice, so even 3 trials meet
