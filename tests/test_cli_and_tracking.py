@@ -184,6 +184,8 @@ def test_ctrl_c_marks_the_run_failed_and_keeps_outputs(tmp_path, mlflow_store):
         # well inside training: the first epoch's metrics are flushed (a loaded machine may be slow)
         while time.time() < deadline and not any(r.info.status == "RUNNING" and "time/epoch_virtual_s" in r.data.metrics for r in all_runs(client)):
             time.sleep(0.5)
+        while time.time() < deadline and not (tmp_path / "run" / "checkpoint" / "meta.json").exists():  # written just after the flush
+            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
