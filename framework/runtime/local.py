@@ -216,8 +216,7 @@ class LocalRuntime(Runtime):
             return result
         finally:
             await t.close()
-            if getattr(t, "stats", None) is not None:
-                self.process_stats.setdefault(COORDINATOR, {})["transport"] = dict(t.stats)
+            self.process_stats.setdefault(COORDINATOR, {})["transport"] = dict(t.stats)  # every Transport counts
 
     async def _race(self, coro, failure: asyncio.Future):
         task = asyncio.ensure_future(coro)

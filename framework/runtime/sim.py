@@ -270,9 +270,9 @@ class SimRuntime(Runtime):
         from framework import checkpoint as ck
 
         bag, desc, epoch = self._resume
-        missing = set(roles) ^ set(desc["roles"])
-        if missing:
-            raise ck.CheckpointError(f"the checkpoint's roles differ from this run's: {sorted(missing)}")
+        differ = set(roles) ^ set(desc["roles"])
+        if differ:
+            raise ck.CheckpointError(f"the checkpoint's roles differ from this run's: {sorted(differ)}")
         for r, role in roles.items():
             role.restore(bag, desc["roles"][r])
             role.first_epoch = epoch + 1
