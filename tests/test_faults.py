@@ -138,3 +138,55 @@ def test_temp_folders_of_a_killed_run_are_removed_by_the_next_run(tmp_path, monk
         assert mine.exists() and unmarked.exists() and not killed.exists()
     finally:
         tempfile.tempdir = None
+
+
+def _private_broker(proc) -> tuple[int, str, int]:
+    """(pid, config file, port) of the mosquitto that run `proc` started for itself."""
+    import re
+
+    out = subprocess.run(["pgrep", "-a", "-P", str(proc.pid)], capture_output=True, text=True).stdout
+    m = re.search(r"^(\d+) \S*mosquitto -c (\S+)", out, re.M)
+    assert m, f"no private broker among the run's children: {out!r}"
+    conf = m.group(2)
+    port = int(re.search(r"^listener (\d+)", open(conf).read(), re.M).group(1))
+    return int(m.group(1)), conf, port
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mosquitto") is None, reason="needs mosquitto (apt-get install mosquitto)")
+@pytest.mark.parametrize("persistence", [False, True], ids=["forgetful", "persistent"])
+def test_a_local_run_survives_a_broker_restart_with_the_same_weights(tmp_path, mlflow_store, persistence):
+    """The private broker is stopped in the second epoch and started again on its port 2 s
+    later, as an operator would: the run finishes, every role reconnected, nobody is reported
+    lost, and the weights equal those of an undisturbed run."""
+    from safetensors.torch import load_file
+
+    from plugins.transports.broker import listening
+
+    tracking, client = mlflow_store
+    args = ["runtime=local", "transport=mqtt", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=2", "model=mlp", "dataset=synthetic_mnist",
+            "train.epochs=4", "train.iterations_per_epoch=30", "runtime.progress=false", f"transport.broker.persistence={str(persistence).lower()}"]
+    ref = cli(["tracking=none", *args, f"hydra.run.dir={tmp_path / 'undisturbed'}"], tmp_path, {"OMP_NUM_THREADS": "1"})
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    proc = _start(tracking + args + [f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    restarted = None
+    try:
+        _wait_until_training(client, proc, timeout=180)
+        pid, conf, port = _private_broker(proc)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + 10
+        while listening("127.0.0.1", port) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)
+        restarted = subprocess.Popen(["mosquitto", "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        for p in (proc, restarted):
+            if p is not None and p.poll() is None:
+                p.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "was lost" not in err and "reconnects" in err, err[-3000:]  # no role reported lost
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert all(summary["processes"][r]["transport"]["reconnects"] >= 1 for r in ("coordinator", "stage0", "stage1")), summary["processes"]
+    got, want = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "undisturbed" / "model.safetensors")
+    assert got.keys() == want.keys() and all(bool((got[k] == want[k]).all()) for k in want)

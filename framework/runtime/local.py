@@ -104,6 +104,10 @@ class LocalRuntime(Runtime):
         from framework.transport import FAULTS
 
         parts = []
+        back = {role: (st.get("transport") or {}).get("reconnects", 0) for role, st in sorted(self.process_stats.items())}
+        if any(back.values()):
+            print(f"runtime={self.cfg.name}: the broker connection dropped and came back ({', '.join(f'{r} {n}' for r, n in back.items() if n)} reconnects); "
+                  "every message is acknowledged end to end and sent again when needed; the copies count as replayed", file=sys.stderr)
         for role, st in sorted(self.process_stats.items()):
             counts = st.get("transport") or {}
             bad = ", ".join(f"{k.replace('_', ' ')} {counts[k]}" for k in FAULTS if counts.get(k))
@@ -157,6 +161,7 @@ class LocalRuntime(Runtime):
         self._events: asyncio.Queue = asyncio.Queue()  # (role, header, tensors) from the roles, and losses
         self._live = set(roles)
         self._ended: set[str] = set()  # roles whose result arrived
+        goodbyes: set[str] = set()  # roles that closed their transport (status `done`)
         self._epochs_done = 0
         self._t_ref = time.time()
 
@@ -184,6 +189,7 @@ class LocalRuntime(Runtime):
                     ready_event.set()
             elif state == "done":
                 self._ended.add(role)  # a clean goodbye: whatever happens to its connection next is no loss
+                goodbyes.add(role)
             elif state == "lost":
                 lose(role, "was lost (its connection to the broker dropped without a goodbye: the process died or the machine is unreachable)")
 
@@ -211,7 +217,7 @@ class LocalRuntime(Runtime):
             watchdog.cancel()
             if not self.spawn_workers:  # remote roles say goodbye through the broker: keep it up until they have
                 deadline = time.monotonic() + 10.0
-                while not self._ended >= set(roles) and time.monotonic() < deadline:
+                while not goodbyes >= set(roles) and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
             return result
         finally:

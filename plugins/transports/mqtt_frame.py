@@ -29,10 +29,11 @@ A status (topic `<prefix>/<run>/_status/<role>`):
     magic "PLMS" | version u8 | flags u8 | reserved u16 | session u64 | counter u32 | state utf-8
     | [mac 16 bytes: HMAC-SHA256(status_key, run | role | everything before it), truncated]
 
-A role's last will (`lost`) is fixed when it connects: it carries that connection's session
-and the highest counter, and a MAC like any status, so only the run's own broker connection
+A role's last will (`lost`) is fixed when it connects: it carries the endpoint's session and
+the next status counter, and a MAC like any status, so only the run's own broker connection
 can publish it. Statuses from one (role, session) must count up: a replayed older one is
-rejected.
+rejected, and what a role says after reconnecting (`back`) is newer than the will that the
+broker published when it went down (mqtt_delivery.py).
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ FLAG_MAC = 1
 MAC_LEN = 16
 STATUS_MAGIC = b"PLMS"
 STATUS_HEAD = struct.Struct("<4sBBHQI")
-LAST_COUNTER = 0xFFFFFFFF  # the last will's: nothing a role says after dying is newer
 MAX_STATE = 64
 MACS = ("gmac", "poly1305", "hmac-sha256")
 

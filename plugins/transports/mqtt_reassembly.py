@@ -77,6 +77,12 @@ class Reassembly:
         self._streams: dict[tuple[str, str], _Stream] = {}
         self._held: dict[str, int] = {}  # src -> bytes buffered for it
 
+    def next_seq(self, src: str, tag: str) -> int:
+        """The sequence number of the next message to deliver from (src, tag): what the
+        receiver acknowledges (everything below it was delivered)."""
+        stream = self._streams.get((src, tag))
+        return stream.next_seq if stream is not None else 0
+
     def held(self, src: str | None = None) -> int:
         return sum(self._held.values()) if src is None else self._held.get(src, 0)
 
