@@ -434,7 +434,9 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, 
         params = [p for p in u.parameters() if p.grad is not None]
         ts = []
         if params:
-            opt = torch.optim.SGD(params, lr=1e-6, momentum=0.9)
+            from framework.lean_torch import SGD
+
+            opt = SGD(params, lr=1e-6, momentum=0.9)
             for r in range(repeats + 1):
                 t0 = time.perf_counter()
                 opt.step()

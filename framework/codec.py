@@ -80,7 +80,16 @@ def register_codec(cls: type[Codec]) -> type[Codec]:
     return cls
 
 
+def _load_codecs() -> None:
+    """Codecs live in plugins, imported on first need (framework.registry.defer_import)."""
+    from framework import registry
+
+    registry.import_deferred()
+
+
 def decoder(codec_id: int) -> type[Codec]:
+    if codec_id not in _DECODERS:
+        _load_codecs()
     try:
         return _DECODERS[codec_id]
     except KeyError:
@@ -88,6 +97,8 @@ def decoder(codec_id: int) -> type[Codec]:
 
 
 def codec_class(name: str) -> type[Codec]:
+    if name not in _BY_NAME:
+        _load_codecs()
     try:
         return _BY_NAME[name]
     except KeyError:
@@ -97,6 +108,7 @@ def codec_class(name: str) -> type[Codec]:
 
 
 def codec_names() -> list[str]:
+    _load_codecs()
     return sorted(_BY_NAME)
 
 

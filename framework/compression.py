@@ -21,53 +21,18 @@ per direction, bit widths, codec seconds and the relative L2 quantization error.
 
 from __future__ import annotations
 
-import time
 import zlib
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any
 
 import torch
 
 from framework import wire
 from framework.codec import Encoded, codec_class
-from framework.config import CompressorConfig
+from framework.config import CodecTimeConfig, CompressionConfig, CompressorConfig, DirectionConfig  # noqa: F401  (re-exported)
 from framework.errors import ConfigError
 
 TIME_MODELS = ("linear", "measured", "none")
-
-
-@dataclass
-class DirectionConfig:
-    codec: str = "none"  # a codec name (framework.codec), or none
-    bits: int = 32
-    # [[epoch, bits], ...]: from `epoch` on, use `bits`; empty = always `bits`. A list of pairs
-    # rather than a map because Hydra merges a dict override key by key into a struct-mode node,
-    # which refuses new keys; a list override replaces the whole list.
-    schedule: List[List[int]] = field(default_factory=list)
-    options: Dict[str, Any] = field(default_factory=dict)  # codec-specific options
-
-
-@dataclass
-class CodecTimeConfig:
-    model: str = "linear"  # linear | measured | none
-    encode_s_per_MB: float = 0.02636  # Pi 4B, x = fp32 MB (feature-replay notes, section 2.5)
-    encode_s: float = 0.00114
-    decode_s_per_MB: float = 0.02636
-    decode_s: float = 0.00114
-    scale: float = 1.0  # measured: host seconds -> device seconds
-
-
-@dataclass
-class CompressionConfig(CompressorConfig):
-    forward: DirectionConfig = field(default_factory=DirectionConfig)
-    backward: DirectionConfig = field(default_factory=DirectionConfig)
-    forward_tag: str = "act"
-    backward_tag: str = "grad"
-    time: CodecTimeConfig = field(default_factory=CodecTimeConfig)
-    # a received packet may decode to at most this many bytes (WireError beyond, before any
-    # allocation): a 1-bit codec's output is 32-64x its payload (framework.wire)
-    max_decoded_bytes: int = wire.MAX_DECODED_BYTES
 
 
 class _Direction:

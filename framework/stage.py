@@ -22,14 +22,16 @@ from torch import nn
 from torch.func import functional_call
 
 from framework.cluster import Work
+from framework.lean_torch import SGD, optimizers_without_dynamo
 
 
 def make_optimizer(params, train_cfg) -> torch.optim.Optimizer:
     params = list(params)
     name = train_cfg.optimizer
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=train_cfg.lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
+    if name == "sgd":  # torch.optim.SGD without a 2-7 s import of torch._dynamo (framework/lean_torch.py)
+        return SGD(params, lr=train_cfg.lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
     if name == "adam":
+        optimizers_without_dynamo()
         return torch.optim.Adam(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; choices: sgd, adam")
 

@@ -1,21 +1,15 @@
-"""Runtimes run role programs: `sim` on a virtual clock, `local`/`remote` as real processes."""
+"""Runtimes run role programs: `sim` on a virtual clock, `local`/`remote` as real processes.
+Declared (framework.registry.declare): a runtime's code (and torch) is imported when it is built."""
 
-from dataclasses import dataclass
+from framework.config import TransportConfig
+from framework.registry import declare, register
+from framework.runtime.configs import LocalConfig, RemoteConfig, SimConfig
 
-from framework.config import RuntimeConfig, TransportConfig
-from framework.registry import register
-from framework.runtime.local import LocalConfig, LocalRuntime, RemoteConfig, RemoteRuntime
-from framework.runtime.sim import SimRuntime
-
-
-@dataclass
-class SimConfig(RuntimeConfig):
-    name: str = "sim"
-
-
-register("runtime", "sim", schema=SimConfig)(SimRuntime)
-register("runtime", "local", schema=LocalConfig)(LocalRuntime)
-register("runtime", "remote", schema=RemoteConfig)(RemoteRuntime)
+declare("runtime", "sim", "framework.runtime.sim:SimRuntime", schema=SimConfig, doc="Runs role programs on the virtual clock.")
+declare("runtime", "local", "framework.runtime.local:LocalRuntime", schema=LocalConfig,
+        doc="One OS process per role on this machine, over a real transport (transport=mqtt).")
+declare("runtime", "remote", "framework.runtime.local:RemoteRuntime", schema=RemoteConfig,
+        doc="Roles join from other machines: `python -m framework.worker role=<name> ...`.")
 
 
 @register("transport", "inproc", schema=TransportConfig)

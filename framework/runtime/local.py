@@ -35,38 +35,15 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
-from framework.config import RuntimeConfig
 from framework.errors import ConfigError, WireError
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.base import Runtime
 from framework.runtime.control import COORDINATOR, CTL, TO_COORDINATOR, ctl_pack, ctl_unpack
 from framework.runtime.role_process import RoleFailed
 from framework.transport import Network
-
-
-@dataclass
-class LocalConfig(RuntimeConfig):
-    """One OS process per role on this machine, over a real transport (transport=mqtt)."""
-
-    name: str = "local"
-    progress: bool = True
-    run_id: Optional[str] = None  # topics are namespaced by it; null = a fresh id per run
-    join_timeout_s: float = 120.0  # every role must say `ready` within this
-    emulate_compute: bool = False  # stretch each computation to the device's time model
-    emulate_links: bool = False  # price every message with the cluster's link model, in real time
-    max_pending_bytes: int = 256 << 20  # a role's unsent data before its next compute waits
-    python: Optional[str] = None  # interpreter for role processes; null = this one
-    tune_malloc: bool = True  # keep freed megabyte buffers mapped (framework/runtime/allocator.py)
-
-
-@dataclass
-class RemoteConfig(LocalConfig):
-    """Roles join from other machines: `python -m framework.worker role=<name> ...`."""
-
-    name: str = "remote"
+from framework.runtime.configs import LocalConfig, RemoteConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
 # ---- the coordinator -----------------------------------------------------------------------

@@ -14,17 +14,14 @@ import math
 import os
 import struct
 import zlib
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from framework.config import DatasetConfig
 from framework.data import Dataset
 from framework.errors import ConfigError, DataError
-from framework.registry import register
+from plugins.datasets.schemas import DEFAULT_ROOT, FashionMnistConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
-DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530  # of the training images scaled to [0, 1]
 FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -40,16 +37,6 @@ HOW_TO_GET = (
 )
 
 
-@dataclass
-class FashionMnistConfig(DatasetConfig):
-    name: str = "fashion_mnist"
-    root: str = DEFAULT_ROOT  # folder holding the four IDX files (.gz or not)
-    n_val: int = 5000  # held out from the end of the 60k training images
-    n_train: Optional[int] = None  # cap on the remaining training images; null = all
-    n_test: Optional[int] = None  # cap on the 10k test images; null = all
-
-
-@register("dataset", "fashion_mnist", schema=FashionMnistConfig)
 def fashion_mnist(cfg) -> Dataset:
     """Real Fashion-MNIST (1x28x28, 10 classes) from IDX files in `root`."""
     root = os.path.expanduser(str(_get(cfg, "root", DEFAULT_ROOT)))

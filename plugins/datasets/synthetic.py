@@ -22,74 +22,29 @@ samples have a channel axis.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import List
 
 import torch
 import torch.nn.functional as F
 
-from framework.config import DatasetConfig
 from framework.data import Dataset
 from framework.errors import ConfigError
-from framework.registry import register
-
-
-@dataclass
-class SyntheticConfig(DatasetConfig):
-    shape: List[int] = field(default_factory=lambda: [1, 28, 28])  # per-sample input shape
-    num_classes: int = 10
-    n_train: int = 6000
-    n_val: int = 1000
-    n_test: int = 1000
-    noise: float = 3.0  # std of the Gaussian noise, relative to a unit-std class pattern
-    prototypes: int = 3  # modes per class (images/vectors): classes are not one blob each
-    grid: int = 4  # images: prototype resolution before upsampling (smaller = smoother)
-    max_shift: int = 2  # images: random circular translation, in pixels, per axis
-    amplitude_jitter: float = 0.3  # a sample's amplitude is uniform in 1 +- this
-
-
-@dataclass
-class SyntheticMnistConfig(SyntheticConfig):
-    name: str = "synthetic_mnist"
-
-
-@dataclass
-class SyntheticCifar10Config(SyntheticConfig):
-    name: str = "synthetic_cifar10"
-    shape: List[int] = field(default_factory=lambda: [3, 32, 32])
-    n_train: int = 5000
-    noise: float = 6.0  # 3 independent channels separate classes better: more noise, similar difficulty
-
-
-@dataclass
-class SyntheticHarConfig(SyntheticConfig):
-    # the sinusoid generator ignores `prototypes` and `grid`; `max_shift` is in time steps
-    name: str = "synthetic_har"
-    shape: List[int] = field(default_factory=lambda: [9, 128])
-    num_classes: int = 6
-    n_train: int = 4000
-    noise: float = 4.0
-    max_shift: int = 16  # HAR: random time shift, in steps
-    freq_jitter: float = 0.05  # HAR: relative per-sample frequency jitter
+from plugins.datasets.schemas import SyntheticCifar10Config, SyntheticConfig, SyntheticHarConfig, SyntheticMnistConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
 # ---------------------------------------------------------------------------------------------
 # factories
 
 
-@register("dataset", "synthetic_mnist", schema=SyntheticMnistConfig)
 def synthetic_mnist(cfg) -> Dataset:
     """MNIST-shaped class-conditional smooth patterns (1x28x28, 10 classes)."""
     return make_synthetic(cfg, "synthetic_mnist")
 
 
-@register("dataset", "synthetic_cifar10", schema=SyntheticCifar10Config)
 def synthetic_cifar10(cfg) -> Dataset:
     """CIFAR10-shaped class-conditional smooth patterns (3x32x32, 10 classes)."""
     return make_synthetic(cfg, "synthetic_cifar10")
 
 
-@register("dataset", "synthetic_har", schema=SyntheticHarConfig)
 def synthetic_har(cfg) -> Dataset:
     """HAR-like multichannel sinusoids with class-specific frequency/phase/amplitude (9x128, 6 classes)."""
     return make_synthetic(cfg, "synthetic_har", sinusoids=True)

@@ -7,22 +7,13 @@ are 2016 KiB and 25 KiB, the sizes AccEPT's Table 3 reports.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from torch import nn
 
-from framework.config import ModelConfig
 from framework.errors import ConfigError
-from framework.registry import register
+from plugins.models.schemas import HARCNNConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
-@dataclass
-class HARCNNConfig(ModelConfig):
-    name: str = "har_cnn"
-    dropout: float = 0.6  # after the second conv, as in the reference code
-
-
-@register("model", "har_cnn", schema=HARCNNConfig)
 def har_cnn(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
     """HAR CNN (AccEPT): two 1-D convs, max-pool, two dense layers."""
     if len(input_shape) != 2:

@@ -7,21 +7,13 @@ digits get padding 2 on the first conv (the usual adaptation) so the feature map
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from torch import nn
 
-from framework.config import ModelConfig
 from framework.errors import ConfigError
-from framework.registry import register
+from plugins.models.schemas import LeNetConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
-@dataclass
-class LeNetConfig(ModelConfig):
-    name: str = "lenet"
-
-
-@register("model", "lenet", schema=LeNetConfig)
 def lenet(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
     """LeNet-5: conv6-5, conv16-5, fc120, fc84, fc-X."""
     if len(input_shape) != 3:

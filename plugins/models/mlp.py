@@ -7,23 +7,13 @@ run bit for bit up to summation order.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from torch import nn
 
-from framework.config import ModelConfig
 from framework.errors import ConfigError
-from framework.registry import register
+from plugins.models.schemas import MLPConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
-@dataclass
-class MLPConfig(ModelConfig):
-    name: str = "mlp"
-    hidden: int = 128  # width of every hidden layer
-    depth: int = 4  # number of units (Linear layers), >= 2
-
-
-@register("model", "mlp", schema=MLPConfig)
 def mlp(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
     """MLP: fc0 (flatten + Linear + ReLU), fc1..fc{depth-2}, head."""
     depth, hidden = int(cfg.depth), int(cfg.hidden)

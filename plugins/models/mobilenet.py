@@ -7,14 +7,12 @@ dependency); block configurations follow torchvision's reference models.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from framework.config import ModelConfig
 from framework.errors import ConfigError
-from framework.registry import register
+from plugins.models.schemas import MobileNetV2Config, MobileNetV3SmallConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
 def _image_input(name: str, input_shape: tuple) -> tuple[int, int, int]:
@@ -69,12 +67,6 @@ class InvertedResidual(nn.Module):
         return x + out if self.use_residual else out
 
 
-@dataclass
-class MobileNetV2Config(ModelConfig):
-    name: str = "mobilenetv2"
-
-
-@register("model", "mobilenetv2", schema=MobileNetV2Config)
 def mobilenetv2(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
     """MobileNetV2 (AccEPT): stem, 17 inverted residuals, conv1x1-1280, classifier; 20 units."""
     c, _, _ = _image_input("mobilenetv2", input_shape)
@@ -161,13 +153,6 @@ MOBILENETV3_SMALL_SETTINGS = [
 ]
 
 
-@dataclass
-class MobileNetV3SmallConfig(ModelConfig):
-    name: str = "mobilenetv3_small"
-    dropout: float = 0.0  # before FC-X; torchvision uses 0.2, PiPar's split is timed without it
-
-
-@register("model", "mobilenetv3_small", schema=MobileNetV3SmallConfig)
 def mobilenetv3_small(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
     """MobileNetV3-Small (PiPar): CONV-3-16, 11 bnecks, CONV-1-576, CONV-1-1024, FC-X; 15 units."""
     c, _, _ = _image_input("mobilenetv3_small", input_shape)

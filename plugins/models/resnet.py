@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from framework.config import ModelConfig
 from framework.errors import ConfigError
-from framework.registry import register
+from plugins.models.schemas import ResNet18Config  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
 class BasicBlock(nn.Module):
@@ -33,13 +31,6 @@ class BasicBlock(nn.Module):
         return self.relu2(out + self.shortcut(x))
 
 
-@dataclass
-class ResNet18Config(ModelConfig):
-    name: str = "resnet18"
-    small_input: bool = True  # inputs <= 32x32 get the CIFAR stem (3x3, stride 1, no maxpool)
-
-
-@register("model", "resnet18", schema=ResNet18Config)
 def resnet18(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
     """ResNet-18 (PiPar): stem, 8 BasicBlocks (64, 64, 128, 128, 256, 256, 512, 512), FC-X."""
     if len(input_shape) != 3:

@@ -7,19 +7,11 @@ MNIST: 32x14x14 -> 64x7x7 -> 64x7x7.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from torch import nn
 
-from framework.config import ModelConfig
 from framework.errors import ConfigError
-from framework.registry import register
-
-
-@dataclass
-class VGG5Config(ModelConfig):
-    name: str = "vgg5"
-    batchnorm: bool = True  # false drops BN, so float64 pipeline runs match a single device exactly
+from plugins.models.schemas import VGG5Config  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
 def _conv(cin: int, cout: int, batchnorm: bool, pool: bool) -> nn.Sequential:
@@ -32,7 +24,6 @@ def _conv(cin: int, cout: int, batchnorm: bool, pool: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-@register("model", "vgg5", schema=VGG5Config)
 def vgg5(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
     """VGG-5 (PiPar): three 3x3 convs and two dense layers, 5 units."""
     if len(input_shape) != 3:

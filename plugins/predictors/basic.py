@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from framework.cluster import Device, Work
-from framework.config import PredictorConfig
 from framework.errors import ConfigError
-from framework.registry import register
+from plugins.predictors.schemas import FlopsConfig, OracleConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
-@dataclass
-class OracleConfig(PredictorConfig):
-    name: str = "oracle"
-
-
-@dataclass
-class FlopsConfig(PredictorConfig):
-    name: str = "flops"
-    flops_per_s: float = 1.0e9  # assumed rate when the device declares none
-
-
-@register("predictor", "oracle", schema=OracleConfig)
 class OraclePredictor:
     """The device's own time model (exact on the simulator; FLOPs for `measured` devices)."""
 
@@ -34,7 +19,6 @@ class OraclePredictor:
         return device.time(work)
 
 
-@register("predictor", "flops", schema=FlopsConfig)
 class FlopsPredictor:
     """FLOPs / rate: blind to per-layer-type speed, the classic planner assumption."""
 

@@ -1,1 +1,21 @@
-from plugins.schedulers import classic, collaborative, sl  # noqa: F401
+"""Built-in schedulers, declared (framework.registry.declare): the code is imported when a
+scheduler is built."""
+
+from framework.registry import declare
+from plugins.schedulers.schemas import CollabConfig, FLConfig, GPipeConfig, LocalConfig, OneFOneBConfig, PipeDreamConfig, SFLConfig, SLConfig
+
+declare("scheduler", "1f1b", "plugins.schedulers.classic:OneFOneB", schema=OneFOneBConfig,
+        doc="1F1B with a flush (PipeDream-flush / DAPPLE): GPipe's bubble, at most S micro-batches alive.")
+declare("scheduler", "fl", "plugins.schedulers.collaborative:FL", schema=FLConfig,
+        doc="FedAvg: whole model on every device, average every epoch (PiPar with P = Q, N = 1)")
+declare("scheduler", "gpipe", "plugins.schedulers.classic:GPipe", schema=GPipeConfig,
+        doc="GPipe: every forward, then every backward, then one synchronous step (Huang et al. 2019).")
+declare("scheduler", "local", "plugins.schedulers.classic:Local", schema=LocalConfig,
+        doc="One device, the reference loop: gradient accumulation over micro-batches, one step.")
+declare("scheduler", "pipar", "plugins.schedulers.collaborative:PiPar", schema=CollabConfig,
+        doc="PiPar: split at P, N pipelined micro-batches per device, K server replicas, FedAvg")
+declare("scheduler", "pipedream", "plugins.schedulers.classic:PipeDream", schema=PipeDreamConfig,
+        doc="PipeDream: asynchronous 1F1B over whole mini-batches with weight stashing (Narayanan et al. 2019).")
+declare("scheduler", "sfl", "plugins.schedulers.collaborative:SFL", schema=SFLConfig,
+        doc="SplitFed: N = 1 at the best split point, server replicas or one shared server model")
+declare("scheduler", "sl", "plugins.schedulers.sl:SL", schema=SLConfig, doc="vanilla split learning: N = 1, one server model, devices train in turn")

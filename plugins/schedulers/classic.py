@@ -5,37 +5,12 @@ Each is only its per-stage action list; `framework.pipeline.PipelineScheduler` r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-from framework.config import PipelineConfig
 from framework.errors import ConfigError
 from framework.pipeline import STEP, B, F, PipelineScheduler, one_f_one_b
-from framework.registry import register
+from plugins.schedulers.schemas import GPipeConfig, LocalConfig, OneFOneBConfig, PipeDreamConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
-@dataclass
-class LocalConfig(PipelineConfig):
-    name: str = "local"
-
-
-@dataclass
-class GPipeConfig(PipelineConfig):
-    name: str = "gpipe"
-    microbatches: int = 4
-
-
-@dataclass
-class OneFOneBConfig(PipelineConfig):
-    name: str = "1f1b"
-    microbatches: int = 4
-
-
-@dataclass
-class PipeDreamConfig(PipelineConfig):
-    name: str = "pipedream"
-
-
-@register("scheduler", "local", schema=LocalConfig)
 class Local(PipelineScheduler):
     """One device, the reference loop: gradient accumulation over micro-batches, one step."""
 
@@ -51,7 +26,6 @@ class Local(PipelineScheduler):
         return acts + [STEP]
 
 
-@register("scheduler", "gpipe", schema=GPipeConfig)
 class GPipe(PipelineScheduler):
     """GPipe: every forward, then every backward, then one synchronous step (Huang et al. 2019)."""
 
@@ -59,7 +33,6 @@ class GPipe(PipelineScheduler):
         return [F(m) for m in range(num_mb)] + [B(m) for m in range(num_mb)] + [STEP]
 
 
-@register("scheduler", "1f1b", schema=OneFOneBConfig)
 class OneFOneB(PipelineScheduler):
     """1F1B with a flush (PipeDream-flush / DAPPLE): GPipe's bubble, at most S micro-batches alive."""
 
@@ -67,7 +40,6 @@ class OneFOneB(PipelineScheduler):
         return one_f_one_b(stage, num_stages, num_mb) + [STEP]
 
 
-@register("scheduler", "pipedream", schema=PipeDreamConfig)
 class PipeDream(PipelineScheduler):
     """PipeDream: asynchronous 1F1B over whole mini-batches with weight stashing (Narayanan et al. 2019).
 

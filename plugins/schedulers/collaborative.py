@@ -33,11 +33,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
-from typing import List, Optional
 
-from framework import registry
-from framework.config import SchedulerConfig
 from framework.data import batches, shard_indices, split_microbatches
 from framework.errors import ConfigError
 from framework.scheduler import Scheduler
@@ -46,41 +42,11 @@ from plugins.schedulers.idle import idle_times
 from plugins.schedulers.model_vectors import UnitLayout
 from plugins.schedulers.pipar_planner import SELECT, SERVER, DevicePlan, Planner, split_points
 from plugins.schedulers.split_roles import DeviceRole, FedRole, ServerRole
+from plugins.schedulers.schemas import CollabConfig, FLConfig, SFLConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 SERVER_MODES = ("parallel", "sequential")
 SHARDS = ("contiguous", "dirichlet")
 RESELECT_MODES = ("full_profile", "reestimate_only")
-
-
-@dataclass
-class CollabConfig(SchedulerConfig):
-    name: str = "pipar"
-    P: Optional[int] = None  # split point: units 1..P on the device; null = chosen by `select`
-    N: Optional[int] = None  # micro-batches per iteration; null = chosen by `select`
-    select: str = "auto"  # auto (profile + Table I estimate) | exhaustive (one trial iteration per (P, N)) | refine (auto's shortlist, then trials)
-    max_device_units: Optional[int] = None  # Q': most units a device may hold; null = Q - 1
-    n_clamp: bool = True  # N <= min(B/2, 100), snapped to B // (B // N) (the authors' code)
-    estimator: str = "table1"  # table1 (the paper, corrected) | code_legacy (the authors' code's DAG)
-    server_mode: str = "parallel"  # parallel: K replicas at once (Fig. 3c) | sequential (Fig. 3b)
-    aggregate_every: int = 1  # epochs between FedAvg rounds
-    shard: str = "contiguous"  # contiguous | dirichlet (non-IID, outside the paper)
-    dirichlet_alpha: float = 0.5
-    failures: List[List[int]] = field(default_factory=list)  # [[device, epoch], ...] or [[device, epoch, after_iterations]]
-    dp_sigma: float = 0.0  # Gaussian noise (std dp_sigma x clip) on uploaded device models; 0 = off
-    dp_clip: Optional[float] = None  # clip the uploaded parameter vector to this L2 norm first; null = no clipping
-    reselect: bool = True  # re-select (P, N) at an epoch boundary when a device's link bandwidth changed
-    reselect_mode: str = "full_profile"  # full_profile (pays a profiling iteration, as the paper) | reestimate_only
-
-
-@dataclass
-class FLConfig(CollabConfig):
-    name: str = "fl"
-
-
-@dataclass
-class SFLConfig(CollabConfig):
-    name: str = "sfl"
-    server_model: str = "per_device"  # per_device (replicas, FedAvg'd) | shared (one server model)
 
 
 class Collaborative(Scheduler):
@@ -301,12 +267,10 @@ class Collaborative(Scheduler):
         return {"summary": summary, "metrics": metrics}
 
 
-@registry.register("scheduler", "pipar", schema=CollabConfig, doc="PiPar: split at P, N pipelined micro-batches per device, K server replicas, FedAvg")
 class PiPar(Collaborative):
     kind = "pipar"
 
 
-@registry.register("scheduler", "fl", schema=FLConfig, doc="FedAvg: whole model on every device, average every epoch (PiPar with P = Q, N = 1)")
 class FL(Collaborative):
     kind = "fl"
 
@@ -316,7 +280,6 @@ class FL(Collaborative):
             raise ConfigError("scheduler.P", "fl trains the whole model on each device (P = Q, N = 1); leave scheduler.P and scheduler.N unset, or use scheduler=pipar")
 
 
-@registry.register("scheduler", "sfl", schema=SFLConfig, doc="SplitFed: N = 1 at the best split point, server replicas or one shared server model")
 class SFL(Collaborative):
     kind = "sfl"
 

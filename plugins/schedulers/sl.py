@@ -9,21 +9,15 @@ and the latest device part, which together are the model evaluated).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from framework import checkpoint as ck
-from framework import registry
 from framework.errors import ConfigError
 from framework.scheduler import Role
 from framework.stage import Stage
 from plugins.schedulers.collaborative import CollabConfig, Collaborative
 from plugins.schedulers.pipar_planner import SERVER
 from plugins.schedulers.split_roles import DeviceRole, own_copy, serve_iteration, split_iteration
-
-
-@dataclass
-class SLConfig(CollabConfig):
-    name: str = "sl"
+from plugins.schedulers.schemas import SLConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
 class SLDevice(DeviceRole):
@@ -88,7 +82,6 @@ class SLServer(Role):
             await ctx.end_epoch(epoch)
 
 
-@registry.register("scheduler", "sl", schema=SLConfig, doc="vanilla split learning: N = 1, one server model, devices train in turn")
 class SL(Collaborative):
     kind = "sl"
 

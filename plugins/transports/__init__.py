@@ -1,3 +1,8 @@
-"""Network transports for the real runtimes (`runtime=local`, `runtime=remote`)."""
+"""Network transports for the real runtimes (`runtime=local`, `runtime=remote`), declared
+(framework.registry.declare)."""
 
-from plugins.transports import mqtt  # noqa: F401
+from framework.registry import declare
+from plugins.transports.mqtt_config import MqttConfig
+
+declare("transport", "mqtt", "plugins.transports.mqtt:build_mqtt", schema=MqttConfig,
+        doc="Role messages through an MQTT broker (mosquitto): chunked, ordered, authenticated, QoS 1.")

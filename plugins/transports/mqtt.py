@@ -55,7 +55,6 @@ import xxhash
 from aiomqtt.exceptions import MqttConnectError
 
 from framework.errors import ConfigError
-from framework.registry import register
 from framework.transport import NAME_RE, Mailboxes, Network, Transport, TransportError, check_name
 from plugins.transports.mqtt_config import BrokerConfig, MqttConfig, check_link, is_loopback, validate_config  # noqa: F401  (re-exported)
 from plugins.transports.mqtt_credentials import ENV as CREDENTIALS_ENV
@@ -710,6 +709,5 @@ class MqttNetwork(Network):
         return f"MQTT broker {a.host}:{a.port}" + (" (private mosquitto, this run only)" if self.broker else "")
 
 
-@register("transport", "mqtt", schema=MqttConfig)
 def build_mqtt(cfg) -> MqttNetwork:
     return MqttNetwork(cfg)

@@ -101,10 +101,10 @@ class LostFilter:
     from each stored session right after the restart. Either way the role comes back and says
     `back`. So a `lost` received at time `a` is believed at the first moment that
     - nothing newer came from that role, and
-    - this endpoint is connected, and either its connection dates from at least `settle_s`
-      before `a` and never dropped since (a death while the broker stayed up: believed after
-      `settle_s`), or it has been up for `grace_s` (long enough for the role to reconnect:
-      the broker restarted and the role did not come back).
+    - this endpoint is connected, and either its connection never dropped since `a` and is its
+      first one or dates from at least `settle_s` before `a` (a death while the broker stayed
+      up: believed after `settle_s`), or it has been up for `grace_s` (long enough for the role
+      to reconnect: the broker restarted and the role did not come back).
     """
 
     def __init__(self, settle_s: float, grace_s: float):
@@ -140,7 +140,8 @@ class LostFilter:
         for role, (at, drops) in list(self._suspects.items()):
             if now < at + self.settle_s:
                 continue
-            steady = drops == self.drops and since <= at - self.settle_s
+            # on the first connection a will is never a stored one: it is steady if nothing dropped since
+            steady = drops == self.drops and (self.drops == 0 or since <= at - self.settle_s)
             if steady or now - since >= self.grace_s:
                 out.append(role)
                 del self._suspects[role]

@@ -1,18 +1,11 @@
-"""The compressors a user picks with `compressor=<name>`: codec pairs with the papers' defaults.
-
-All but `minmax_ef` are the core `Compressor` with different defaults; each is a config schema,
-so `compressor.forward.bits=3` or `compressor.backward.codec=fp16` work on any of them.
-"""
+"""The config schemas of the built-in compressor presets (dataclasses only: importing this
+imports no torch; see framework.registry.declare)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from framework.compression import CodecTimeConfig, CompressionConfig, Compressor, DirectionConfig
-from framework.registry import register
-
-from plugins.compressors.lsq import LSQCompressor
-from plugins.compressors.minmax_ef import MinMaxEFCompressor
+from framework.config import CodecTimeConfig, CompressionConfig, DirectionConfig
 
 
 def _dir(codec="none", bits=32, **options):
@@ -84,12 +77,3 @@ class OneBitEFConfig(CompressionConfig):
     name: str = "onebit_ef"
     forward: DirectionConfig = _dir("none", 32)
     backward: DirectionConfig = _dir("onebit", 1, granularity="per_output_unit", ef_variant="seide")
-
-
-register("compressor", "none", schema=NoneConfig)(Compressor)
-register("compressor", "mbq", schema=MBQConfig)(Compressor)
-register("compressor", "uniform_stochastic", schema=UniformStochasticConfig)(Compressor)
-register("compressor", "fp16", schema=FP16Config)(Compressor)
-register("compressor", "onebit_ef", schema=OneBitEFConfig)(Compressor)
-register("compressor", "minmax_ef", schema=MinMaxEFConfig)(MinMaxEFCompressor)
-register("compressor", "uniform", schema=UniformConfig)(LSQCompressor)

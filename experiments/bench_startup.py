@@ -1,0 +1,135 @@
+"""Start-up: how long a user waits before anything happens, this tree against an older one.
+
+    python experiments/bench_startup.py                    # against the commit before the start-up work
+    python experiments/bench_startup.py --before-rev HEAD~3 --repeats 5
+
+Every figure is the median wall time of `--repeats` fresh processes (one torch thread each),
+the two trees alternating, so both see the same machine:
+
+- `--help`, `--plugins`, and a bad override (`scheduler=nope`): the CLI before any training;
+- a timing-only run of 10 devices (`runtime.numerics=false cluster.num_devices=10`, the default
+  model and tracking, one epoch, to a fresh MLflow store): what a planner study pays per run;
+- the first optimizer: building `framework.stage.make_optimizer` for a small model and its
+  first step, in a process that has imported torch (torch.optim imports torch._dynamo there);
+- the default synthetic set (8,000 MNIST-shaped samples): building it in a process that has
+  imported torch.
+
+The older tree is `git archive <rev>` unpacked in a temporary folder. Results go to
+outputs/bench_startup/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BEFORE_REV = "157e63d"  # the last commit before declared plugins and the lean optimizer
+
+IN_PROCESS = {
+    "first_optimizer": r"""
+import time, torch
+torch.set_num_threads(1)
+from omegaconf import OmegaConf
+from framework.stage import make_optimizer
+model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+cfg = OmegaConf.create({"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4})
+t0 = time.perf_counter()
+opt = make_optimizer(model.parameters(), cfg)
+torch.nn.functional.cross_entropy(model(torch.randn(32, 784)), torch.randint(10, (32,))).backward()
+opt.step()
+opt.zero_grad()
+print(time.perf_counter() - t0)
+""",
+    "synthetic_8000": r"""
+import time, torch
+torch.set_num_threads(1)
+from omegaconf import OmegaConf
+from framework import registry
+e = registry.entry("dataset", "synthetic_mnist")
+cfg = OmegaConf.structured(e.schema)
+t0 = time.perf_counter()
+d = e.factory(cfg)
+assert len(d.x_train) + len(d.x_val) + len(d.x_test) == 8000
+print(time.perf_counter() - t0)
+""",
+}
+
+
+def cli_cases(tmp: Path) -> dict[str, list[str]]:
+    run = ["runtime.numerics=false", "cluster.num_devices=10", "train.epochs=1", "runtime.progress=false"]
+    return {
+        "help": ["--help"],
+        "plugins": ["--plugins"],
+        "bad_override": ["scheduler=nope"],
+        "timing_only_10_devices": run + [f"tracking.uri=sqlite:///{tmp}/STORE.db", f"tracking.artifact_root={tmp}/art", f"hydra.run.dir={tmp}/RUN"],
+    }
+
+
+def timed(cmd: list[str], cwd: Path, env: dict) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    if res.returncode not in (0, 2):  # a bad override exits 2 by design
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed in {cwd}:\n{res.stderr[-2000:]}")
+    return wall
+
+
+def in_process(code: str, cwd: Path, env: dict) -> float:
+    res = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"failed in {cwd}:\n{res.stderr[-2000:]}")
+    return float(res.stdout.strip().splitlines()[-1])
+
+
+def unpack(rev: str, into: Path) -> Path:
+    data = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before-rev", default=BEFORE_REV, help=f"the older commit (default {BEFORE_REV})")
+    ap.add_argument("--before-tree", type=Path, help="an older checkout instead of --before-rev")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="pipelab-bench-startup-") as tmpdir:
+        tmp = Path(tmpdir)
+        trees = {"ours": ROOT, "before": args.before_tree or unpack(args.before_rev, tmp / "before")}
+        results: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
+        for r in range(args.repeats):
+            for name, tree in trees.items():
+                env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+                for case, argv in cli_cases(tmp).items():
+                    argv = [a.replace("STORE", f"{name}{r}").replace("RUN", f"{name}-run{r}") for a in argv]
+                    results[name].setdefault(case, []).append(timed([sys.executable, "-m", "framework", *argv], tree, env))
+                for case, code in IN_PROCESS.items():
+                    results[name].setdefault(case, []).append(in_process(code, tree, env))
+                print(f"round {r + 1}/{args.repeats}: {name} done", file=sys.stderr)
+
+    med = {name: {case: statistics.median(v) for case, v in cases.items()} for name, cases in results.items()}
+    print(f"\nstart-up, median wall seconds of {args.repeats} fresh processes (one torch thread), this tree against {args.before_tree or args.before_rev}\n")
+    print(f"{'case':<24} | {'before':>8} | {'ours':>8} | before / ours")
+    for case in med["ours"]:
+        b, o = med["before"][case], med["ours"][case]
+        print(f"{case:<24} | {b:8.3f} | {o:8.3f} | {b / o:6.1f}x")
+    out = ROOT / "outputs" / "bench_startup"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"median_s": med, "samples_s": results, "before": str(args.before_tree or args.before_rev)}, indent=2))
+    print(f"results: {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Keep torch's lazy imports lazy: no `torch._dynamo` (and sympy) import for training.
+
+`torch.optim` imports `torch._dynamo` the first time an optimizer is used: `Optimizer` wraps
+`add_param_group`, `zero_grad`, `state_dict` and `load_state_dict` in `torch._disable_dynamo`,
+and `SGD.step` in a wrapper that calls `torch._dynamo.graph_break()`, all to steer the compiler.
+That import costs about 1.7 s once per process on an idle 2-core machine and 7 s when other
+processes compete for the cores (found with `python -X importtime` and an import hook; measured
+by experiments/bench_startup.py). pipelab compiles nothing, so:
+
+- `optimizers_without_dynamo()` fills the `_disable_dynamo` wrappers' cache with the plain
+  function, which they then call directly (once torch._dynamo is imported for another reason, a
+  user's torch.compile, nothing is changed);
+- `SGD` is torch.optim.SGD whose `step` on CPU tensors calls torch's own single-tensor SGD
+  update (the one torch.optim.SGD picks on the CPU) under `torch.no_grad()`, without the
+  compiler wrapper: the same arithmetic, bit for bit (tests/test_startup.py), the same state
+  (`momentum_buffer`), the same state_dict. Other devices take torch's own `step`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.optim import sgd as _sgd
+
+_done = False
+
+
+def optimizers_without_dynamo() -> None:
+    global _done
+    if _done or "torch._dynamo" in sys.modules:
+        return
+    _done = True
+    marker = torch._disable_dynamo(lambda: None).__code__  # every such wrapper shares this code
+    for f in vars(torch.optim.Optimizer).values():
+        f = getattr(f, "__func__", f)  # staticmethods
+        inner = getattr(f, "__wrapped__", None)
+        if getattr(f, "__code__", None) is marker and inner is not None and getattr(inner, "__dynamo_disable", None) is None:
+            inner.__dynamo_disable = inner
+
+
+class SGD(torch.optim.SGD):
+    """torch.optim.SGD without the compiler hooks on the CPU (see the module docstring)."""
+
+    def __init__(self, params, **kwargs):
+        optimizers_without_dynamo()
+        super().__init__(params, **kwargs)
+
+    def step(self, closure=None):
+        groups = self.param_groups
+        if any(g["foreach"] or g["fused"] or g["differentiable"] for g in groups) or any(p.device.type != "cpu" for g in groups for p in g["params"]):
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            for group in groups:
+                params: list[torch.Tensor] = []
+                grads: list[torch.Tensor] = []
+                buffers: list[torch.Tensor | None] = []
+                sparse = self._init_group(group, params, grads, buffers)
+                _sgd._single_tensor_sgd(params, grads, buffers, None, None, weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"],
+                                        dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"], has_sparse_grad=sparse)
+                if group["momentum"] != 0:
+                    for p, buf in zip(params, buffers):
+                        self.state[p]["momentum_buffer"] = buf
+        return loss

@@ -1,0 +1,49 @@
+"""The config schemas of the built-in models (dataclasses only: importing this imports no torch;
+see framework.registry.declare)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.config import ModelConfig
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    name: str = "mlp"
+    hidden: int = 128  # width of every hidden layer
+    depth: int = 4  # number of units (Linear layers), >= 2
+
+
+@dataclass
+class LeNetConfig(ModelConfig):
+    name: str = "lenet"
+
+
+@dataclass
+class VGG5Config(ModelConfig):
+    name: str = "vgg5"
+    batchnorm: bool = True  # false drops BN, so float64 pipeline runs match a single device exactly
+
+
+@dataclass
+class ResNet18Config(ModelConfig):
+    name: str = "resnet18"
+    small_input: bool = True  # inputs <= 32x32 get the CIFAR stem (3x3, stride 1, no maxpool)
+
+
+@dataclass
+class HARCNNConfig(ModelConfig):
+    name: str = "har_cnn"
+    dropout: float = 0.6  # after the second conv, as in the reference code
+
+
+@dataclass
+class MobileNetV2Config(ModelConfig):
+    name: str = "mobilenetv2"
+
+
+@dataclass
+class MobileNetV3SmallConfig(ModelConfig):
+    name: str = "mobilenetv3_small"
+    dropout: float = 0.0  # before FC-X; torchvision uses 0.2, PiPar's split is timed without it
