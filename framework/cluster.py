@@ -164,16 +164,20 @@ class Channel:
         self.free_at = 0.0
 
 
+def check_link(cfg: LinkConfig, where: str) -> None:
+    if cfg.bandwidth_bps <= 0:
+        raise ConfigError(f"{where}.bandwidth_bps", f"must be > 0 bit/s (or .inf), got {cfg.bandwidth_bps}")
+    if cfg.latency_s < 0:
+        raise ConfigError(f"{where}.latency_s", f"must be >= 0, got {cfg.latency_s}")
+    if not 0.0 <= cfg.loss < 1.0:
+        raise ConfigError(f"{where}.loss", f"must be in [0, 1), got {cfg.loss}")
+
+
 class Link:
     def __init__(self, src: str, dst: str, cfg: LinkConfig, channel: Channel, seed: int):
         self.src, self.dst, self.cfg, self.channel = src, dst, cfg, channel
         self.name = f"{src}->{dst}"
-        if cfg.bandwidth_bps <= 0:
-            raise ConfigError(f"cluster.links.{self.name}.bandwidth_bps", f"must be > 0 bit/s (or .inf), got {cfg.bandwidth_bps}")
-        if cfg.latency_s < 0:
-            raise ConfigError(f"cluster.links.{self.name}.latency_s", f"must be >= 0, got {cfg.latency_s}")
-        if not 0.0 <= cfg.loss < 1.0:
-            raise ConfigError(f"cluster.links.{self.name}.loss", f"must be in [0, 1), got {cfg.loss}")
+        check_link(cfg, f"cluster.links.{self.name}")
         self.trace = sorted((float(t), float(b)) for t, b in cfg.trace) if cfg.trace else None
         self.rng = random.Random(zlib.crc32(f"{seed}:{self.name}".encode()))
 
@@ -284,23 +288,16 @@ class Cluster:
             for side in (src, dst):
                 if not _is_glob(side) and side not in self.devices:
                     raise ConfigError(f"cluster.links.{pattern}", f"device {side!r} does not exist; devices: {', '.join(self.devices)}")
-        shared = Channel("medium") if cfg.shared_medium else None
-        self.channels = [shared] if shared else []
-        self.links: dict[tuple[str, str], Link] = {}
-        for a in self.devices:
-            for b in self.devices:
-                if a == b:
-                    continue
-                over: dict = {}
-                for pattern, values in link_over.items():  # later patterns win
-                    ps, pd = _split_link(pattern)
-                    if fnmatch.fnmatchcase(a, ps) and fnmatch.fnmatchcase(b, pd):
-                        over.update(values or {})
-                lcfg = _merge(LinkConfig, base_link, over, f"cluster.links.{a}->{b}")
-                ch = shared or Channel(f"{a}->{b}")
-                if not shared:
-                    self.channels.append(ch)
-                self.links[(a, b)] = Link(a, b, lcfg, ch, seed)
+        # every value is checked now (fail before running); a link itself is built the first time
+        # a message takes it: K devices have K(K-1) pairs, a star topology uses 2K of them
+        check_link(base_link, "cluster.link")
+        for pattern, values in link_over.items():
+            check_link(_merge(LinkConfig, base_link, values or {}, f"cluster.links.{pattern}"), f"cluster.links.{pattern}")
+        self._base_link, self._link_over = base_link, [(_split_link(p), v or {}) for p, v in link_over.items()]
+        self._seed = seed
+        self._shared = Channel("medium") if cfg.shared_medium else None
+        self.channels = [self._shared] if self._shared else []
+        self.links: dict[tuple[str, str], Link] = {}  # the links used so far
 
     @property
     def names(self) -> list[str]:
@@ -316,7 +313,18 @@ class Cluster:
         """The link from device src to dst; None within one device (free)."""
         if src == dst:
             return None
-        return self.links[(src, dst)]
+        link = self.links.get((src, dst))
+        if link is None:
+            self.device(src), self.device(dst)
+            over: dict = {}
+            for (ps, pd), values in self._link_over:  # later patterns win
+                if fnmatch.fnmatchcase(src, ps) and fnmatch.fnmatchcase(dst, pd):
+                    over.update(values)
+            ch = self._shared or Channel(f"{src}->{dst}")
+            if not self._shared:
+                self.channels.append(ch)
+            link = self.links[(src, dst)] = Link(src, dst, _merge(LinkConfig, self._base_link, over, f"cluster.links.{src}->{dst}"), ch, self._seed)
+        return link
 
 
 def _is_glob(name: str) -> bool:

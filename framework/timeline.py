@@ -15,9 +15,12 @@ paper's (S-1)/(M+S-1).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+
+GANTT_ROWS = 40  # beyond this many roles and links, a chart summarises (Timeline.save_gantt)
 
 
 @dataclass
@@ -130,41 +133,69 @@ class Timeline:
 
     # ---- exports ------------------------------------------------------------------------
 
-    def chrome_trace(self, max_events: int = 200_000) -> dict:
-        """Chrome trace-event JSON (open in https://ui.perfetto.dev or chrome://tracing)."""
+    def _trace_events(self, max_events: int):
         tids = {r: i for i, r in enumerate(self.roles + self.links)}
-        events = [{"ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": r}} for r, tid in tids.items()]
-        events.append({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": f"pipelab ({self.clock} time)"}})
-        for iv in self.intervals[:max_events]:
+        for r, tid in tids.items():
+            yield {"ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": r}}
+        yield {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": f"pipelab ({self.clock} time)"}}
+        for iv in itertools.islice(self.intervals, max_events):
             args = {"iteration": iv.iteration, "microbatch": iv.microbatch}
             if iv.nbytes:
                 args["bytes"] = iv.nbytes
             name = iv.kind if iv.microbatch < 0 else f"{iv.kind} {iv.microbatch}"
-            events.append({"ph": "X", "name": name, "cat": iv.kind, "pid": 0, "tid": tids.get(iv.resource, 0), "ts": iv.start * 1e6, "dur": (iv.end - iv.start) * 1e6, "args": args})
-        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"truncated": len(self.intervals) > max_events}}
+            yield {"ph": "X", "name": name, "cat": iv.kind, "pid": 0, "tid": tids.get(iv.resource, 0), "ts": iv.start * 1e6, "dur": (iv.end - iv.start) * 1e6, "args": args}
+
+    def chrome_trace(self, max_events: int = 200_000) -> dict:
+        """Chrome trace-event JSON (open in https://ui.perfetto.dev or chrome://tracing)."""
+        return {"traceEvents": list(self._trace_events(max_events)), "displayTimeUnit": "ms", "otherData": {"truncated": len(self.intervals) > max_events}}
 
     def save_chrome_trace(self, path, max_events: int = 200_000) -> None:
+        """The same JSON as `chrome_trace`, written event by event (no list of every event in memory)."""
         with open(path, "w") as f:
-            json.dump(self.chrome_trace(max_events), f)
+            f.write('{"traceEvents": [')
+            for i, ev in enumerate(self._trace_events(max_events)):
+                f.write(",\n" if i else "\n")
+                f.write(json.dumps(ev))
+            f.write('\n], "displayTimeUnit": "ms", "otherData": ' + json.dumps({"truncated": len(self.intervals) > max_events}) + "}\n")
 
-    def save_gantt(self, path, iterations: int = 3, title: str = "") -> None:
-        """A Gantt chart of the first `iterations` iterations: one row per role and link."""
+    def save_gantt(self, path, iterations: int = 3, title: str = "", max_rows: int = GANTT_ROWS) -> None:
+        """A Gantt chart of the first `iterations` iterations: one row per role and link, in
+        time linear in the number of intervals. With more rows than `max_rows` (hundreds of
+        devices), it draws the first roles, the busiest ones and the roles that are not devices
+        (servers, aggregators), each with its links, and sums up the others in two rows: how
+        many of the other roles (links) are busy at each moment."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
         ivs = [iv for iv in self.intervals if 0 <= iv.iteration < iterations] or self.intervals[:2000]
-        rows = self.roles + [l for l in self.links if any(iv.resource == l for iv in ivs)]
+        by_resource: dict[str, list] = defaultdict(list)
+        for iv in ivs:
+            by_resource[iv.resource].append(iv)
+        links = [l for l in self.links if l in by_resource]
+        roles, shown_links, rest_roles, rest_links = gantt_rows(self.roles, links, by_resource, max_rows)
+        rows = roles + shown_links + [""] * (bool(rest_roles) + bool(rest_links))  # summary labels below
         colors = {"fwd": "#4C72B0", "bwd": "#DD8452", "step": "#55A868", "encode": "#CCB974", "decode": "#64B5CD", "send": "#8172B3", "lost": "#C44E52"}
         fig, ax = plt.subplots(figsize=(11, 0.45 * len(rows) + 1.4))
-        for y, r in enumerate(rows):
+        for y, r in enumerate(roles + shown_links):
             by_kind = defaultdict(list)
-            for iv in ivs:
-                if iv.resource == r and iv.end > iv.start:
+            for iv in by_resource.get(r, ()):
+                if iv.end > iv.start:
                     by_kind[iv.kind].append((iv.start, iv.end - iv.start))
             for kind, spans in by_kind.items():
                 ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors.get(kind, "#937860"), edgecolor="white", linewidth=0.3)
+        y = len(roles) + len(shown_links)
+        t_end = max((iv.end for iv in ivs), default=1.0)
+        for rest, what in ((rest_roles, "roles"), (rest_links, "links")):
+            if not rest:
+                continue
+            t, frac = busy_profile([iv for r in rest for iv in by_resource.get(r, ())], len(rest), t_end)
+            peak = float(frac.max()) if len(frac) else 0.0
+            # drawn to its own peak, so the shape shows even when each of them is rarely busy
+            ax.fill_between(t, y + 0.4 - 0.8 * frac / max(peak, 1e-12), y + 0.4, step="post", color="#7f7f7f", linewidth=0)
+            rows[y] = f"{len(rest)} other {what}: busy share (peak {100 * peak:.0f}%)"
+            y += 1
         ax.set_yticks(range(len(rows)), rows)
         ax.invert_yaxis()
         ax.set_xlabel(f"{self.clock} time (s)")
@@ -174,3 +205,49 @@ class Timeline:
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
+
+
+
+def gantt_rows(roles: list[str], links: list[str], by_resource: dict, max_rows: int = GANTT_ROWS):
+    """(roles drawn, links drawn, roles summed up, links summed up). All of them when they fit.
+    Otherwise roles fall into families by name (`dev12` is a `dev`): a role alone in its family
+    (a server, an aggregator) is drawn; each large family gets an equal share of the rows, half
+    to its first members and half to its busiest; links are drawn where a drawn role's device
+    name is an end, up to the rows left."""
+    if len(roles) + len(links) <= max_rows:
+        return roles, links, [], []
+    families: dict[str, list[str]] = defaultdict(list)
+    for r in roles:
+        families[r.rstrip("0123456789") or r].append(r)
+    chosen = {members[0] for members in families.values() if len(members) == 1}
+    large = [members for members in families.values() if len(members) > 1]
+    share = max(2, (max_rows // 2 - len(chosen)) // max(1, len(large)))
+    for members in large:
+        first = members[: share // 2]
+        busy = {r: sum(iv.end - iv.start for iv in by_resource.get(r, ())) for r in members[share // 2 :]}
+        chosen.update(first, sorted(busy, key=lambda r: -busy[r])[: share - len(first)])
+    shown_roles = [r for r in roles if r in chosen]  # in their own order
+    shown_links = [l for l in links if any(end in chosen for end in l.split("->"))][: max(0, max_rows - 2 - len(shown_roles))]
+    return shown_roles, shown_links, [r for r in roles if r not in chosen], [l for l in links if l not in set(shown_links)]
+
+
+def busy_profile(intervals, n: int, t_end: float, bins: int = 600):
+    """(bin starts, fraction of `n` resources busy in each bin) over [0, t_end], in time linear in
+    the number of intervals. In bin units, the busy time before x is G(x) = sum over intervals of
+    ramp(x - start) - ramp(x - end) with ramp(u) = max(0, u); a bin's busy time is
+    G(b + 1) - G(b), and sum of ramp(x - p) over p < x is x * count - sum, from histograms."""
+    import numpy as np
+
+    width = max(t_end, 1e-12) / bins
+    x = np.arange(bins + 1)
+
+    def ramps(pos):
+        k = np.clip(np.floor(pos).astype(np.int64) + 1, 0, bins + 1)  # p < x  <=>  floor(p) + 1 <= x
+        count = np.cumsum(np.bincount(k, minlength=bins + 2)[: bins + 1])
+        total = np.cumsum(np.bincount(k, weights=pos, minlength=bins + 2)[: bins + 1])
+        return x * count - total
+
+    starts = np.fromiter((iv.start for iv in intervals), dtype=float) / width
+    ends = np.fromiter((iv.end for iv in intervals), dtype=float) / width
+    g = ramps(starts) - ramps(ends)
+    return x[:-1] * width, np.clip(np.diff(g) / max(n, 1), 0.0, 1.0)

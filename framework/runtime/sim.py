@@ -255,7 +255,8 @@ class SimRuntime(Runtime):
             "now": now,
             "order": self._resume_order,
             "channels": {ch.name: ch.free_at for ch in self.cluster.channels},
-            "links": {link.name: ck.random_state(link.rng) for link in self.cluster.links.values()},
+            # the links used so far (a link is built on first use); a loss-free link never draws
+            "links": {link.name: ck.random_state(link.rng) if link.cfg.loss > 0 else None for link in self.cluster.links.values()},
             "messages_lost": self.messages_lost,
             "timeline": self.timeline.checkpoint(bag, f"{prefix}.timeline"),
             "torch_rng": bag.put(f"{prefix}.rng", {"torch": torch.get_rng_state()}),
@@ -276,11 +277,13 @@ class SimRuntime(Runtime):
         for r, role in roles.items():
             role.restore(bag, desc["roles"][r])
             role.first_epoch = epoch + 1
+        for name, state in desc["links"].items():  # build the links the run had used
+            link = self.cluster.link(*name.split("->"))
+            if state is not None:
+                ck.set_random_state(link.rng, state)
         channels = {ch.name: ch for ch in self.cluster.channels}
         for name, free_at in desc["channels"].items():
             channels[name].free_at = free_at
-        for link in self.cluster.links.values():
-            ck.set_random_state(link.rng, desc["links"][link.name])
         self.messages_lost = int(desc["messages_lost"])
         self.timeline.restore(bag, desc["timeline"])
         torch.set_rng_state(bag.take(desc["torch_rng"])["torch"])

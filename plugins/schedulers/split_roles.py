@@ -358,7 +358,7 @@ class FedRole(Role):
                 continue
             present.append(k)
             counts.append(float(dev["n"][0]) if s.numerics else 1.0)  # timing-only packets carry no values
-            parts.append({w: torch.cat([dev[w], srv[w]]) if srv is not None else dev[w] for w in ("p", "b")})
+            parts.append({w: _joined(dev[w], srv[w]) if srv is not None else dev[w] for w in ("p", "b")})
         seconds = len(present) * s.ctx.cluster.device(SERVER).time(Work("step", 0, s.Q))  # one weighted add per model
         await ctx.compute(Work("aggregate", seconds=seconds), self.average, parts, counts)
         self.rounds.append({"epoch": epoch, "devices": present})
@@ -397,3 +397,13 @@ class FedRole(Role):
                 out.add(k)
                 self.bw_at_plan[k] = bw
         return out
+
+
+def _joined(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A device's and its server's halves of one model vector. Timing-only packets are meta
+    tensors, and torch.cat on meta tensors goes through torch's reference kernels, which import
+    torch._dynamo (2 s once per process): their shape is all there is to join."""
+    if a.is_meta or b.is_meta:
+        return torch.empty(a.shape[0] + b.shape[0], dtype=a.dtype, device="meta")
+    return torch.cat([a, b])
+

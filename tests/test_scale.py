@@ -1,0 +1,78 @@
+"""What keeps hundreds to thousands of simulated devices linear: links built on first use, a
+Gantt chart that sums up what it cannot draw, a busy profile and a trace written in one pass."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from omegaconf import OmegaConf
+
+from framework.cluster import Cluster
+from framework.errors import ConfigError
+from framework.timeline import Interval, Timeline, busy_profile, gantt_rows
+
+
+def cluster_cfg(n, **extra):
+    base = {"name": "t", "num_devices": n, "shared_medium": False, "device": {}, "devices": {}, "link": {"bandwidth_bps": 1e6},
+            "links": {"dev*->dev0": {"bandwidth_bps": 5e6, "loss": 0.1}}}
+    base.update(extra)
+    return OmegaConf.create(base)
+
+
+def test_links_are_built_on_first_use_with_their_patterns_applied():
+    c = Cluster(cluster_cfg(2000))
+    assert c.links == {}  # not 2000 x 1999 of them
+    a, b = c.link("dev5", "dev0"), c.link("dev0", "dev5")
+    assert (a.cfg.bandwidth_bps, a.cfg.loss) == (5e6, 0.1) and (b.cfg.bandwidth_bps, b.cfg.loss) == (1e6, 0.0)
+    assert c.link("dev5", "dev0") is a and len(c.links) == 2 and len(c.channels) == 2
+    # a link's loss draws depend on its name and the seed, never on which links came first
+    other = Cluster(cluster_cfg(2000))
+    other.link("dev7", "dev0")
+    assert [other.link("dev5", "dev0").rng.random() for _ in range(5)] == [a.rng.random() for _ in range(5)]
+    with pytest.raises(ConfigError, match="no device 'dev9999'"):
+        c.link("dev1", "dev9999")
+
+
+def test_a_bad_link_value_still_fails_before_the_run():
+    with pytest.raises(ConfigError, match=r"cluster.links.dev\*->dev0.loss: must be in \[0, 1\)"):
+        Cluster(cluster_cfg(3, links={"dev*->dev0": {"loss": 1.5}}))
+    with pytest.raises(ConfigError, match=r"cluster.link.bandwidth_bps"):
+        Cluster(cluster_cfg(3, link={"bandwidth_bps": 0}))
+
+
+def test_busy_profile_equals_the_overlap_of_every_interval_with_every_bin():
+    rng = random.Random(1)
+    ivs = []
+    for _ in range(300):
+        s = rng.uniform(-0.5, 9.5)
+        ivs.append(Interval("r", "fwd", s, s + rng.uniform(0, 3)))
+    t, frac = busy_profile(ivs, 50, 10.0, bins=40)
+    w = 10.0 / 40
+    brute = [sum(max(0.0, min(iv.end, (b + 1) * w) - max(iv.start, b * w)) for iv in ivs) / w / 50 for b in range(40)]
+    assert list(t) == pytest.approx([b * w for b in range(40)])
+    assert list(frac) == pytest.approx([min(1.0, x) for x in brute], abs=1e-9)
+
+
+def test_a_chart_of_many_roles_draws_the_singletons_and_a_share_of_each_family():
+    roles = [f"dev{i}" for i in range(1000)] + [f"srv{i}" for i in range(1000)] + ["fed"]
+    by = {r: [Interval(r, "fwd", 0.0, 2.0 if r == "dev500" else 1.0)] for r in roles}
+    links = [f"dev{i}->server" for i in range(1000)]
+    shown, shown_links, rest, rest_links = gantt_rows(roles, links, by, max_rows=40)
+    assert "fed" in shown and "dev0" in shown and "dev500" in shown and "srv0" in shown  # first, busiest, alone
+    assert len(shown) + len(shown_links) <= 40 and len(shown) + len(rest) == len(roles) and len(shown_links) + len(rest_links) == len(links)
+    assert set(shown_links) <= {f"{d}->server" for d in shown}
+    few = gantt_rows(roles[:5], links[:5], by, max_rows=40)
+    assert few == (roles[:5], links[:5], [], [])
+
+
+def test_the_trace_is_written_as_one_json_document_event_by_event(tmp_path):
+    tl = Timeline()
+    tl.add_role("dev0")
+    tl.compute("dev0", "fwd", 0.0, 1.0, 0, 0, 0)
+    tl.transfer("dev0->dev1", 1.0, 1.5, 1000, 0, 0)
+    tl.save_chrome_trace(tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text()) == json.loads(json.dumps(tl.chrome_trace()))
+    tl.save_chrome_trace(tmp_path / "t1.json", max_events=1)
+    assert json.loads((tmp_path / "t1.json").read_text())["otherData"] == {"truncated": True}
