@@ -3,6 +3,9 @@
 - SIGTERM (a scheduler's time limit, `kill`, `docker stop`) is handled like Ctrl-C: the run writes
   its summary, its MLflow run ends FAILED, the process exits 143 (`Terminated` is a
   KeyboardInterrupt, so every `finally` and `except KeyboardInterrupt` on the way runs).
+- Either waits for an MLflow write under way (`shielded`): interrupted inside SQLAlchemy, a write
+  left its SQLite transaction open and the store locked, so the run's own closing writes waited
+  on it for ever (seen once in CI). A second signal does not wait.
 - SIGKILL cannot be handled. Every MLflow run records the host, pid and the process's start time
   (`pipelab.host`, `pipelab.pid`, `pipelab.pid_start`); the next run that opens the same store marks
   runs still RUNNING whose process on this host is gone as FAILED (`pipelab.reaped` says why). Runs
@@ -18,6 +21,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 SIGTERM_EXIT = 143  # 128 + SIGTERM, what shells report for a terminated process
@@ -27,14 +32,54 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the main thread is, handled as an interruption."""
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated()
+_shield_depth = 0  # shielded blocks the main thread is in (signal handlers run there)
+_pending: KeyboardInterrupt | None = None
+
+
+def _interrupt(kind: type[KeyboardInterrupt]):
+    def handler(signum, frame):
+        global _pending
+        if _shield_depth and _pending is None:
+            _pending = kind()  # raised when the shielded block ends
+            return
+        raise kind()
+
+    return handler
+
+
+_defer_sigint = _interrupt(KeyboardInterrupt)
+
+
+@contextmanager
+def shielded():
+    """A block of the main thread that SIGTERM (once `handle_sigterm` ran) and Ctrl-C wait for:
+    the interruption is raised when it ends. Elsewhere a signal interrupts nothing but the main
+    thread, so the block is left alone. Ctrl-C is deferred only where Python's own handler was in
+    place (inside asyncio.run, asyncio's handler cancels the main task at its next await)."""
+    global _shield_depth, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    swap = _shield_depth == 0 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if swap:
+        signal.signal(signal.SIGINT, _defer_sigint)
+    _shield_depth += 1
+    try:
+        yield
+    finally:
+        _shield_depth -= 1
+        if swap:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if not _shield_depth and _pending is not None:
+            stop, _pending = _pending, None
+            raise stop
 
 
 def handle_sigterm() -> None:
-    """Turn SIGTERM into `Terminated` in this process (the main thread only, as Python allows)."""
+    """Turn SIGTERM into `Terminated` in this process (the main thread only, as Python allows);
+    it waits for a shielded block."""
     try:
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signal.SIGTERM, _interrupt(Terminated))
     except ValueError:  # not the main thread (an embedding application): leave its handler
         pass
 

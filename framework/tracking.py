@@ -89,9 +89,12 @@ def retry_when_locked(fn, *args, **kwargs):
     covers ordinary contention: 8 processes x 200 batch writes at once never met it. This covers a
     lock held longer than that (a backup, a VACUUM, `mlflow gc`, a stalled reader on a loaded disk).
     A locked write is rolled back whole, so calling it again cannot write anything twice."""
+    from framework.faults import shielded
+
     for delay in LOCK_RETRY_DELAYS_S + (None,):
         try:
-            return fn(*args, **kwargs)
+            with shielded():  # Ctrl-C or SIGTERM waits for the write: cut short, it would keep the store locked
+                return fn(*args, **kwargs)
         except Exception as e:
             if delay is None or "database is locked" not in str(e):
                 raise

@@ -190,3 +190,33 @@ def test_a_local_run_survives_a_broker_restart_with_the_same_weights(tmp_path, m
     assert all(summary["processes"][r]["transport"]["reconnects"] >= 1 for r in ("coordinator", "stage0", "stage1")), summary["processes"]
     got, want = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "undisturbed" / "model.safetensors")
     assert got.keys() == want.keys() and all(bool((got[k] == want[k]).all()) for k in want)
+
+
+def test_an_interruption_waits_for_a_shielded_block_and_a_second_one_does_not():
+    """An MLflow write cut short by Ctrl-C or SIGTERM kept its SQLite transaction, and the store
+    locked for the run's own closing writes (framework.faults.shielded)."""
+    from framework import faults
+
+    faults.handle_sigterm()
+    done = []
+    with pytest.raises(faults.Terminated):
+        with faults.shielded():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler has run: the block goes on
+            done.append("write finished")
+    assert done == ["write finished"]
+    with pytest.raises(KeyboardInterrupt):
+        with faults.shielded():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("second write finished")
+    assert done[-1] == "second write finished" and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(faults.Terminated):
+        with faults.shielded():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)  # a second signal does not wait
+            time.sleep(0.05)
+            done.append("never")
+    assert done[-1] != "never"
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
