@@ -70,6 +70,12 @@ class Codec:
         without data: timing-only runs count these."""
         raise NotImplementedError
 
+    @classmethod
+    def prepare(cls) -> None:
+        """Make the first encode and decode as cheap as the rest (compiled codecs load or compile
+        their kernels here). Real runtimes call it while a role builds, before the clock starts
+        and off the event loop; codecs that need nothing keep this no-op."""
+
 
 def register_codec(cls: type[Codec]) -> type[Codec]:
     """Class decorator: make `cls` decodable by its wire id and buildable by name."""

@@ -120,6 +120,12 @@ class Compressor:
         for stream in self._streams.values():
             stream["reset"] = True
 
+    def prepare(self) -> None:
+        """Codec.prepare for every codec this compressor may use (see there)."""
+        for d in self.directions.values():
+            if d.codec is not None:
+                type(d.codec).prepare()
+
     def stream(self, src: str, dst: str, tag: str) -> dict:
         s = self._streams[(src, dst, tag)]
         if "seed" not in s:

@@ -97,3 +97,18 @@ def test_a_training_run_never_imports_the_compiler(tmp_path):
     res = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert "gpipe:" in res.stdout, res.stderr[-2000:]
     assert [line for line in res.stderr.splitlines() if line.startswith("HEAVY:")] == ["HEAVY:"], res.stderr[-2000:]
+
+
+def test_numba_is_imported_only_by_runs_that_encode(tmp_path):
+    """The compiled codec kernels (plugins/compressors/kernels.py) load at the first encode: a
+    timing-only run with a compressor counts bytes without them; a training run uses them."""
+    code = PROBE.replace('("torch", "mlflow", "numpy", "matplotlib", "aiomqtt")', '("numba",)')
+    base = ["tracking=none", "train.epochs=1", "train.iterations_per_epoch=2", "runtime.progress=false", "dataset.n_train=64", "dataset.n_val=32",
+            "dataset.n_test=32", "compressor=mbq"]
+    seen = {}
+    for numerics in ("false", "true"):
+        args = [*base, f"runtime.numerics={numerics}", f"hydra.run.dir={tmp_path / numerics}"]
+        res = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert "gpipe:" in res.stdout, res.stderr[-2000:]
+        seen[numerics] = [line for line in res.stderr.splitlines() if line.startswith("HEAVY:")]
+    assert seen == {"false": ["HEAVY:"], "true": ["HEAVY:numba"]}

@@ -322,6 +322,8 @@ def _build_role(build, header: dict, weights: dict | None, role: str):
         raise RoleFailed(f"no role {role!r} in this run; roles: {', '.join(devices)}")
     if weights:
         sctx.model.load_state_dict(weights)  # the coordinator's initial model, whatever this host's RNG
+    if sctx.cfg.runtime.numerics:
+        sctx.compressor.prepare()  # compiled codecs load here, not on the event loop mid-run
     return sctx, sched, sched.build_role(role)
 
 

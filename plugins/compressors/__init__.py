@@ -8,6 +8,7 @@ from plugins.compressors.schemas import FP16Config, MBQConfig, MinMaxEFConfig, N
 
 defer_import("plugins.compressors.accept_codecs")
 defer_import("plugins.compressors.ef_codecs")
+defer_import("plugins.compressors.lsq")  # codec uniform_lsq (wire id 7): decodable without its compressor
 
 CORE = "framework.compression:Compressor"
 declare("compressor", "fp16", CORE, schema=FP16Config, doc="Half precision both ways (2x).")

@@ -31,6 +31,7 @@ import torch
 
 from framework.codec import Codec, Encoded, expect_len, numel, register_codec
 from framework.errors import WireError
+from plugins.compressors.lazy_kernels import kernels
 
 _U8 = struct.Struct("<B")
 
@@ -76,59 +77,39 @@ def _signs(k: int) -> np.ndarray:
 def _greedy_codes(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Network Sketching's residue-based init: b_i = sign(r) (sign(0) = +1), alpha_i = mean|r|,
     r -= alpha_i b_i. Returns (codes, alpha float64)."""
-    # a copy with -0.0 turned into +0.0, so that copysign(a, r) below is a * sign(r) with
-    # sign(0) = +1 (np.where(r >= 0, a, -a) says the same, ~7x slower)
-    r = x + np.float32(0)
-    step = np.empty_like(r)
     codes = np.zeros(x.size, np.uint8)
+    r = x.copy()
     alpha = np.zeros(k)
     for i in range(k):
-        codes |= (r >= 0).view(np.uint8) << np.uint8(i)
-        a = np.float32(np.mean(np.abs(r, out=step)))
-        alpha[i] = a
-        if i + 1 < k:
-            r -= np.copysign(a, r, out=step)  # r - a b_i never makes a -0.0
+        a = np.float32(alpha[i - 1]) if i else np.float32(0)
+        alpha[i] = np.float32(kernels.greedy_pass(r, a, i == 0, np.uint8(1 << i), codes) / x.size)
     return codes, alpha
 
 
-def _nearest_codes(x: np.ndarray, signs: np.ndarray, alpha: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _nearest_codes(x: np.ndarray, signs: np.ndarray, alpha: np.ndarray, sum_x: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LQ-Nets' B-step: each element gets the code of its nearest level sum_i sign_i alpha_i.
 
     The levels are sorted and an element's bucket is the number of midpoints at or below it (the
     notes' bucketize on midpoints; a tie goes to the upper level, so at k=1 this is sign(x) with
-    sign(0) = +1, as in the initialisation). torch.bucketize runs at ~25 ns/element on one core
-    here, so the count is kept by hand: one comparison per midpoint, each adding the step from
-    one bucket's code to the next (mod 256) to a uint8 code array. That turns the bucket index
-    into the code without a lookup pass, and the comparisons count the buckets for free.
-    Returns (codes, count of each code)."""
+    sign(0) = +1, as in the initialisation). One pass per midpoint adds the step from one
+    bucket's code to the next (mod 256) to a uint8 code array, which turns the bucket index into
+    the code without a lookup, and counts and sums the elements at or above the midpoint.
+    Returns (codes, count of each code, sum of x for each code)."""
     levels = signs @ alpha
     order = np.argsort(levels, kind="stable")
     mids = (levels[order[:-1]] + levels[order[1:]]) / 2
     codes = np.full(x.size, order[0], np.uint8)
-    above = np.empty(len(mids), np.int64)  # elements at or above each midpoint
-    mask = np.empty(x.size, np.bool_)
-    step = np.empty(x.size, np.uint8)
+    above = np.zeros(len(order) + 1, np.int64)  # elements at or above each midpoint, n first
+    above_sum = np.zeros(len(order) + 1)
+    above[0], above_sum[0] = x.size, sum_x
     for j, m in enumerate(mids):
-        np.greater_equal(x, np.float32(m), out=mask)
-        above[j] = np.count_nonzero(mask)
-        np.multiply(mask.view(np.uint8), np.uint8((order[j + 1] - order[j]) % 256), out=step)
-        codes += step
+        step = np.uint8((order[j + 1] - order[j]) % 256)
+        above[j + 1], above_sum[j + 1] = kernels.above_midpoint(x, np.float32(m), step, codes)
     counts = np.zeros(len(order), np.int64)
-    counts[order] = -np.diff(np.concatenate(([x.size], above, [0])))
-    return codes, counts
-
-
-def _bit_sums(x: np.ndarray, codes: np.ndarray, k: int) -> np.ndarray:
-    """sum(x where bit i of the code is set), for each i (float64)."""
-    bit = np.empty(x.size, np.uint8)
-    as_f32 = np.empty(x.size, np.float32)
-    out = np.zeros(k)
-    for i in range(k):
-        np.right_shift(codes, np.uint8(i), out=bit)
-        np.bitwise_and(bit, np.uint8(1), out=bit)
-        np.copyto(as_f32, bit)
-        out[i] = np.dot(as_f32, x)
-    return out
+    sums = np.zeros(len(order))
+    counts[order] = -np.diff(above)
+    sums[order] = -np.diff(above_sum)
+    return codes, counts, sums
 
 
 def _alpha_step(counts: np.ndarray, btx: np.ndarray, signs: np.ndarray) -> np.ndarray:
@@ -155,22 +136,21 @@ def mbq_quantize(x: torch.Tensor, k: int, stream: dict) -> tuple[np.ndarray, np.
     if n_el == 0:  # nothing to fit: send zeros and leave the alpha state as it was
         stream["rel_err"] = 0.0
         return np.zeros(0, np.uint8), np.zeros(k, np.float32), np.float32(0)
-    sum_x = float(np.sum(xv))
-    sum_x2 = float(np.dot(xv, xv))
+    sum_x, sum_x2 = kernels.sum_and_squares(xv)
     if not math.isfinite(sum_x2):
         raise ValueError("mbq: cannot quantise a tensor holding inf or nan (or |x| beyond ~1e19)")
 
     fresh = stream.get("reset") or prev is None or stream.get("k") != k
     if fresh:
         codes, alpha = _greedy_codes(xv, k)
-        counts = np.bincount(codes, minlength=1 << k)
-        btx = 2 * _bit_sums(xv, codes, k) - sum_x  # B^T x
+        counts, code_sums = kernels.code_stats(xv, codes, 1 << k)
+        btx = signs.T @ code_sums  # B^T x
         t = 0
     else:
         t = int(stream.get("t", 0)) + 1
         prev = torch.as_tensor(prev).detach().cpu().double().numpy()
-        codes, counts = _nearest_codes(xv, signs, prev)
-        btx = 2 * _bit_sums(xv, codes, k) - sum_x
+        codes, counts, code_sums = _nearest_codes(xv, signs, prev, sum_x)
+        btx = signs.T @ code_sums
         beta = min(0.9, (1 + t) / (10 + t))  # Eq. 4
         alpha = beta * prev + (1 - beta) * _alpha_step(counts, btx, signs)
 
@@ -199,51 +179,14 @@ def _level_parts(alpha: np.ndarray, m_q: np.float32) -> np.ndarray:
 
 # ---- MBQ: bit packing along dim 0 -------------------------------------------------------------
 
-# spreading a 4-bit code c: c * 0x204081 = c | c << 7 | c << 14 | c << 21 (no overlaps), and
-# & 0x01010101 keeps bit i of c at bit 8i: code bit i lands in byte i of a little-endian u32.
-_SPREAD_MUL = np.uint32(0x204081)
-_SPREAD_MASK = np.uint32(0x01010101)
-# _BYTE_BITS[b, s] = bit s of byte b counted from the most significant bit (0/1)
-_BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="big").astype(np.intp)
-
-
 def pack_codes(codes: np.ndarray, k: int) -> np.ndarray:
     """(n, R) uint8 k-bit codes -> (ceil(n/8), R, k) uint8: for each basis i, 8 consecutive
-    samples along dim 0 per byte, sample 0 in the most significant bit, zero padded. The same
-    bytes as numpy.packbits(bits, axis=0, bitorder='big') on the (n, R, k) bit array, without
-    building that array: each group of 8 samples is gathered into one u32 per (group, column)."""
+    samples along dim 0 per byte, sample 0 in the most significant bit, zero padded (the bytes of
+    numpy.packbits(bits, axis=0, bitorder='big') on the (n, R, k) bit array)."""
     n, rest = codes.shape
-    n8 = -(-n // 8)
-    if n8 * 8 != n:
-        codes = np.concatenate([codes, np.zeros((n8 * 8 - n, rest), np.uint8)])
-    groups = codes.reshape(n8, 8, rest)
-    acc = np.zeros((n8, rest), np.uint32)
-    word = np.empty((n8, rest), np.uint32)
-    for s in range(8):  # 8 array ops over N/8 elements each
-        np.multiply(groups[:, s], _SPREAD_MUL, out=word)
-        word &= _SPREAD_MASK
-        word <<= np.uint32(7 - s)
-        acc |= word
-    return np.ascontiguousarray(acc.astype("<u4", copy=False).view(np.uint8).reshape(n8, rest, 4)[:, :, :k])
-
-
-def _unpack_values(packed: np.ndarray, parts: np.ndarray, n: int) -> np.ndarray:
-    """Inverse of pack_codes fused with the dequantizer: (n8, R, k) bytes -> (n, R) float32.
-
-    For basis i a byte's 8 samples take one of 2^8 patterns of -alpha_i / +alpha_i, so one
-    (256, 8) table per basis turns each byte into its 8 values with a single row gather."""
-    n8, rest, k = packed.shape
-    w = min(n, 8)  # fewer than 8 samples: no padded columns, or scratch would be up to 8x the output
-    acc = None
-    for i in range(k):
-        vals = np.take(parts[i][_BYTE_BITS[:, :w]], packed[:, :, i], axis=0)  # (n8, R, w)
-        if acc is None:
-            acc = vals
-        else:
-            acc += vals
-    out = np.empty((n8, w, rest), np.float32)
-    np.copyto(out, acc.transpose(0, 2, 1))  # samples back to dim 0
-    return out.reshape(n8 * w, rest)[:n]
+    out = np.empty(-(-n // 8) * rest * k, np.uint8)
+    kernels.pack_codes_dim0(np.ascontiguousarray(codes).reshape(-1), n, rest, k, out)
+    return out.reshape(-(-n // 8), rest, k)
 
 
 # ---- MBQ: the codecs --------------------------------------------------------------------------
@@ -272,7 +215,9 @@ class MBQ(Codec):
 
     @staticmethod
     def _unpack(payload: np.ndarray, parts: np.ndarray, n: int, rest: int, k: int) -> np.ndarray:
-        return _unpack_values(payload.reshape(-(-n // 8), rest, k), parts, n)
+        out = np.empty(n * rest, np.float32)
+        kernels.unpack_mbq(payload, parts, n, rest, k, out)
+        return out
 
     def encode(self, x: torch.Tensor, stream: dict) -> Encoded:
         k = self.bits
@@ -302,6 +247,10 @@ class MBQ(Codec):
     def wire_size(self, shape: tuple) -> tuple[int, int]:
         n, rest = _split_shape(shape)
         return 1 + 4 * (self.bits + 1), self._payload_len(n, rest, self.bits)
+
+    @classmethod
+    def prepare(cls) -> None:
+        kernels.warm()
 
 
 @register_codec
@@ -345,13 +294,12 @@ _SU_META = struct.Struct("<Bf")
 SU_BITS = (2, 4, 8)
 
 
-def _su_generator(stream: dict) -> torch.Generator:
-    """The stream's own generator, seeded from stream["seed"] on first use: runs reproduce."""
-    gen = stream.get("generator")
-    if gen is None:
-        gen = torch.Generator().manual_seed(int(stream.get("seed", 0)))
-        stream["generator"] = gen
-    return gen
+def _su_call_key(stream: dict) -> np.uint64:
+    """A fresh key for each encode of the stream: its seed (stream["seed"], default 0) and how
+    many draws it made (stream["draws"], a JSON integer, so checkpoints and resumes keep it)."""
+    draws = int(stream.get("draws", 0))
+    stream["draws"] = draws + 1
+    return np.uint64(kernels.call_key(int(stream.get("seed", 0)), draws))
 
 
 @register_codec
@@ -376,19 +324,14 @@ class StochasticUniform(Codec):
         # s travels as float32, so scale with the float32 value; a subnormal c could round s to
         # 0, so s is at least the smallest float32 (the clamp then bounds q)
         s = float(max(np.float32(c / qmax), np.finfo(np.float32).smallest_subnormal)) if c > 0 else 1.0
-        if c > 0:
-            frac = g / s
-            q = torch.floor(frac)
-            frac -= q
-            q += torch.rand(q.shape, generator=_su_generator(stream)) < frac  # Eq. 7
-            q.clamp_(-qmax - 1, qmax)  # [our choice] the paper's stated range
-        else:  # an all-zero gradient: zeros with s = 1
-            q = torch.zeros_like(g)
-        qn = q.numpy()
-        stream["rel_err"] = _rel_err(qn * np.float32(s), g.numpy())
         n, rest = _split_shape(tuple(x.shape))
-        qn = qn.astype(np.int8)  # numpy casts several times faster than torch on one thread
-        payload = qn if k == 8 else _pack_nibbles(qn.reshape(n, rest), k)
+        q = np.empty(g.numel(), np.int8) if c > 0 else np.zeros(g.numel(), np.int8)  # 0: zeros, s = 1
+        if c > 0:  # Eq. 7, clamped to [our choice] the paper's stated range
+            err2, den = kernels.su_quantize(g.numpy(), np.float32(s), qmax, _su_call_key(stream), q)
+            stream["rel_err"] = math.sqrt(err2 / den) if den > 0 else 0.0
+        else:
+            stream["rel_err"] = 0.0
+        payload = q if k == 8 else _pack_nibbles(q.reshape(n, rest), k)
         return Encoded(self.codec_id, x.dtype, tuple(x.shape), _SU_META.pack(k, s), _bytes_view(payload))
 
     @classmethod
@@ -403,16 +346,20 @@ class StochasticUniform(Codec):
         n, rest = _split_shape(shape)
         expect_len(payload, _su_payload_len(n, rest, k), f"{cls.name} payload")
         raw = np.frombuffer(payload, np.uint8)
+        out = np.empty(n * rest, np.float32)
         if k == 8:
-            out = raw.view(np.int8).astype(np.float32)
-            out *= np.float32(s)
+            kernels.scale_int8(raw, np.float32(s), out)
         else:
-            out = _unpack_nibbles(raw, k, n, rest, np.float32(s))
+            kernels.unpack_nibbles_dim0(raw, n, rest, k, np.float32(s), out)
         return torch.from_numpy(out).reshape(shape).to(dtype)
 
     def wire_size(self, shape: tuple) -> tuple[int, int]:
         n, rest = _split_shape(shape)
         return _SU_META.size, _su_payload_len(n, rest, self.bits)
+
+    @classmethod
+    def prepare(cls) -> None:
+        kernels.warm()
 
 
 def _su_payload_len(n: int, rest: int, k: int) -> int:
@@ -423,30 +370,10 @@ def _su_payload_len(n: int, rest: int, k: int) -> int:
 def _pack_nibbles(q: np.ndarray, k: int) -> np.ndarray:
     """(n, R) int8 q -> (ceil(n/p), R) uint8 with p = 8/k consecutive samples along dim 0 per
     byte, offset by 2^(k-1) to be non-negative, the first sample in the highest bits."""
-    per_byte = 8 // k
     n, rest = q.shape
-    u = (q + np.int8(1 << (k - 1))).view(np.uint8)
-    if n % per_byte:
-        u = np.concatenate([u, np.zeros((-n % per_byte, rest), np.uint8)])
-    u = u.reshape(-(-n // per_byte), per_byte, rest)
-    out = u[:, 0] << np.uint8(8 - k)
-    for j in range(1, per_byte):
-        out |= u[:, j] << np.uint8(8 - k * (j + 1))
-    return out
-
-
-def _unpack_nibbles(raw: np.ndarray, k: int, n: int, rest: int, s: np.float32) -> np.ndarray:
-    """Inverse of _pack_nibbles fused with the dequantizer, through a (256, 8/k) table of q*s."""
-    per_byte = 8 // k
-    w = min(n, per_byte)  # fewer samples than a byte holds: no padded columns in the scratch
-    shifts = np.arange(8 - k, -1, -k)[:w]
-    q = ((np.arange(256)[:, None] >> shifts) & ((1 << k) - 1)) - (1 << (k - 1))
-    table = q.astype(np.float32) * s  # the same float32 product as the 8-bit path
-    n_b = -(-n // per_byte)
-    vals = np.take(table, raw.reshape(n_b, rest), axis=0)  # (n_b, R, w)
-    out = np.empty((n_b, w, rest), np.float32)
-    np.copyto(out, vals.transpose(0, 2, 1))  # samples back to dim 0
-    return out.reshape(n_b * w, rest)[:n]
+    out = np.empty(_su_payload_len(n, rest, k), np.uint8)
+    kernels.pack_nibbles_dim0(np.ascontiguousarray(q).reshape(-1), n, rest, k, out)
+    return out.reshape(-1, rest) if rest else out
 
 
 def _rel_err(approx: np.ndarray, exact: np.ndarray) -> float:

@@ -20,6 +20,7 @@ Error feedback differs between the two quantisers, as in their papers:
 
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -27,6 +28,7 @@ import torch
 
 from framework.codec import Codec, Encoded, expect_len, numel, register_codec
 from framework.errors import ConfigError, WireError
+from plugins.compressors.lazy_kernels import kernels
 
 
 def _rel_err(err: torch.Tensor, exact: torch.Tensor) -> float:
@@ -179,13 +181,6 @@ def _onebit_groups(shape: tuple, per_output_unit: bool) -> int:
     return int(shape[0]) if per_output_unit and len(shape) >= 2 else 1
 
 
-def _onebit_dequantize(bits: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
-    """Qinv: each group's pos where its bit is 1, its neg where 0. bits is (G, m) float32 0/1, pos
-    and neg are (G,). lerp with a 0/1 weight returns its ends exactly (and is 4x faster than
-    torch.where with broadcast scalars), so encoder and decoder agree bit for bit."""
-    return torch.lerp(neg[:, None], pos[:, None], bits)
-
-
 @register_codec
 class OneBit(Codec):
     """Threshold 0, one bit per element, per-group mean of the positive and of the negative values
@@ -214,32 +209,22 @@ class OneBit(Codec):
         residual = stream.get("residual")
         if residual is None or tuple(residual.shape) != shape:
             residual = torch.zeros_like(g)  # a new stream, or the tensor changed: start afresh
-        v = (g + residual).contiguous()  # v = G[k] + Delta[k-1], the value quantised (Eq. 5)
-
         groups = _onebit_groups(shape, self.granularity == "per_output_unit")
-        per_group = v.numel() // groups if groups else 0
-        v2 = v.view(groups, per_group)
-        # numpy compares several times faster than torch on one thread; a uint8 view of the bools
-        bits = torch.from_numpy(np.greater_equal(v2.numpy(), 0).view(np.uint8))
-        n_pos = torch.from_numpy(bits.numpy().sum(1, dtype=np.int32))
-        n_neg = per_group - n_pos
-        # mean of the non-negative and of the negative values per group; 0 where a group has none.
-        # One scratch buffer serves both sums and then the lerp weights: on one thread these
-        # 4-byte-per-element passes cost as much in fresh allocations as in arithmetic.
-        scratch = torch.clamp(v2, min=0)
-        pos = scratch.sum(1) / n_pos.clamp(min=1)
-        neg = torch.clamp(v2, max=0, out=scratch).sum(1) / n_neg.clamp(min=1)
-        deq = _onebit_dequantize(scratch.copy_(bits), pos, neg).view(shape)
+        pos = np.empty(groups, np.float32)
+        neg = np.empty(groups, np.float32)
+        packed = np.empty(-(-g.numel() // 8), np.uint8)
+        new_residual = torch.empty_like(g)
+        # v = G[k] + Delta[k-1] is quantised (Eq. 5); one compiled pass per group (kernels.py)
+        v_norm2, err2 = kernels.onebit_encode(
+            g.reshape(-1).numpy(), residual.reshape(-1).numpy(), groups, self.ef_variant == "seide",
+            packed, pos, neg, new_residual.reshape(-1).numpy(),
+        )
+        stream["residual"] = new_residual
+        stream["rel_err"] = math.sqrt(err2 / v_norm2) if v_norm2 > 0 else 0.0
 
-        v_norm = torch.linalg.vector_norm(v)
-        err = v.sub_(deq)  # v - Qinv(Q(v)), in place: v is not needed any more
-        stream["residual"] = err if self.ef_variant == "seide" else g - deq
-        stream["rel_err"] = float(torch.linalg.vector_norm(err) / v_norm) if v_norm > 0 else 0.0
-
-        scalars = torch.stack([pos, neg], dim=1).numpy().astype("<f4")  # pos, neg per group
+        scalars = np.stack([pos, neg], axis=1).astype("<f4")  # pos, neg per group
         meta = _ONEBIT_HEAD.pack(_GRANULARITY[self.granularity], groups) + scalars.tobytes()
-        payload = np.packbits(bits.numpy().reshape(-1))
-        return Encoded(self.codec_id, x.dtype, shape, meta, _bytes_view(payload))
+        return Encoded(self.codec_id, x.dtype, shape, meta, _bytes_view(packed))
 
     @classmethod
     def decode(cls, meta: bytes, payload: memoryview, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -255,12 +240,15 @@ class OneBit(Codec):
         count = numel(shape)
         expect_len(payload, -(-count // 8), "onebit payload")
 
-        scalars = torch.from_numpy(np.frombuffer(meta, dtype="<f4", offset=_ONEBIT_HEAD.size).reshape(groups, 2).copy())
-        bits = torch.from_numpy(np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=count))
-        per_group = count // groups if groups else 0
-        out = _onebit_dequantize(bits.view(groups, per_group).to(torch.float32), scalars[:, 0], scalars[:, 1])
-        return out.to(dtype).reshape(shape)
+        scalars = np.frombuffer(meta, dtype="<f4", offset=_ONEBIT_HEAD.size).reshape(groups, 2)
+        out = np.empty(count, np.float32)
+        kernels.onebit_decode(np.frombuffer(payload, np.uint8), scalars[:, 0].copy(), scalars[:, 1].copy(), count, groups, out)
+        return torch.from_numpy(out).to(dtype).reshape(shape)
 
     def wire_size(self, shape: tuple) -> tuple[int, int]:
         groups = _onebit_groups(tuple(shape), self.granularity == "per_output_unit")
         return _ONEBIT_HEAD.size + 8 * groups, -(-numel(shape) // 8)
+
+    @classmethod
+    def prepare(cls) -> None:
+        kernels.warm()
