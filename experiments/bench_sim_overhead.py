@@ -8,10 +8,17 @@ Runs, side by side in one process, the same training work two ways and prints th
   backward with gradient accumulation, one SGD step per mini-batch), plus the same
   evaluation passes.
 
+For the collaborative schedulers (`--scheduler pipar|fl|sfl`, K = `--devices`), `plain` is K
+model copies, each training its shard in the same mini-batches split into the same N
+micro-batches (forward and backward per micro-batch, one SGD step per mini-batch), then their
+average and the same evaluation: PiPar's arithmetic without its roles, messages and clock. The
+ratio is per sample (both process the same samples).
+
 Repeats alternate the two (ABAB...) and report medians, so machine noise hits both alike.
 
     python experiments/bench_sim_overhead.py                 # gpipe, S=4, M=8, vgg5
     python experiments/bench_sim_overhead.py --scheduler 1f1b --model lenet --dataset synthetic_mnist
+    python experiments/bench_sim_overhead.py --scheduler pipar --devices 16 --model lenet --dataset synthetic_mnist
 """
 
 from __future__ import annotations
@@ -37,17 +44,22 @@ from framework.job import Job  # noqa: E402
 from framework.stage import make_optimizer  # noqa: E402
 
 
+COLLABORATIVE = ("pipar", "fl", "sfl")
+
+
 def make_job(args, out_dir) -> Job:
+    if args.scheduler in COLLABORATIVE:
+        shape = ["cluster=pipar_wifi", f"cluster.num_devices={args.devices}", f"scheduler.P={args.split}", f"scheduler.N={args.microbatches}"]
+        shape = shape if args.scheduler != "fl" else shape[:2]
+    else:
+        shape = ["cluster=uniform", f"cluster.num_devices={args.stages}", f"scheduler.microbatches={args.microbatches}", f"train.iterations_per_epoch={args.iterations}"]
     overrides = [
         f"model={args.model}",
         f"dataset={args.dataset}",
         f"scheduler={args.scheduler}",
-        "cluster=uniform",
-        f"cluster.num_devices={args.stages}",
-        f"scheduler.microbatches={args.microbatches}",
+        *shape,
         "train.epochs=1",
         f"train.batch_size={args.batch_size}",
-        f"train.iterations_per_epoch={args.iterations}",
         "dataset.n_val=256",
         "dataset.n_test=256",
         "tracking=none",
@@ -68,6 +80,33 @@ def plain_loop(job: Job, model: torch.nn.Module, microbatches: int) -> None:
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+    evaluate(job, model)
+
+
+def plain_collaborative(job: Job, model: torch.nn.Module, k_devices: int, microbatches: int) -> None:
+    """K copies train their shards (the scheduler's own shards and mini-batches), then average."""
+    from framework.data import batches, shard_indices
+
+    ds, cfg = job.dataset, job.cfg
+    n_mb = 1 if cfg.scheduler.name == "fl" else microbatches
+    size = cfg.train.batch_size // n_mb * n_mb
+    models = [copy.deepcopy(model) for _ in range(k_devices)]
+    for m, shard in zip(models, shard_indices(ds.y_train, k_devices, "contiguous", seed=cfg.seed)):
+        opt = make_optimizer(m.parameters(), cfg.train)
+        m.train()
+        for x, y in batches(ds.x_train, ds.y_train, size, cfg.seed, 0, indices=shard, drop_last=True):
+            for xm, ym in zip(split_microbatches(x, n_mb), split_microbatches(y, n_mb)):
+                loss = torch.nn.functional.cross_entropy(m(xm), ym, reduction="sum") / x.shape[0]
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        states = [m.state_dict() for m in models]
+        model.load_state_dict({k: sum(s[k] for s in states) / k_devices if states[0][k].is_floating_point() else states[0][k] for k in states[0]})
+    evaluate(job, model)
+
+
+def evaluate(job: Job, model: torch.nn.Module) -> None:
     model.eval()
     with torch.no_grad():
         for split in ("val", "test"):
@@ -82,7 +121,9 @@ def main() -> None:
     ap.add_argument("--dataset", default="synthetic_cifar10")
     ap.add_argument("--scheduler", default="gpipe")
     ap.add_argument("--stages", type=int, default=4)
-    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--microbatches", type=int, default=8, help="M of a pipeline; PiPar's and SFL's N")
+    ap.add_argument("--devices", type=int, default=16, help="K of pipar/fl/sfl")
+    ap.add_argument("--split", type=int, default=2, help="PiPar's and SFL's P (units on the device)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=5)
@@ -94,8 +135,16 @@ def main() -> None:
 
     plain_s, sim_s = [], []
     with tempfile.TemporaryDirectory() as tmp:
+        collaborative = args.scheduler in COLLABORATIVE
+
+        def plain(job, model):
+            if collaborative:
+                plain_collaborative(job, model, args.devices, args.microbatches)
+            else:
+                plain_loop(job, model, args.microbatches)
+
         warm = make_job(args, Path(tmp) / "warm")  # first-touch costs (allocator, kernels) off the clock
-        plain_loop(warm, copy.deepcopy(warm.model), args.microbatches)
+        plain(warm, copy.deepcopy(warm.model))
         for r in range(args.repeats):
             job = make_job(args, Path(tmp) / f"r{r}")
             model = copy.deepcopy(job.model)
@@ -103,13 +152,17 @@ def main() -> None:
             for which, _ in order:
                 t0 = time.perf_counter()
                 if which == "plain":
-                    plain_loop(job, model, args.microbatches)
+                    plain(job, model)
                     plain_s.append(time.perf_counter() - t0)
                 else:
                     vt = job.train()
                     sim_s.append(time.perf_counter() - t0)
     p, s = statistics.median(plain_s), statistics.median(sim_s)
-    print(f"simulator overhead: {args.scheduler}, S={args.stages}, M={args.microbatches}, {args.model} on {args.dataset}, batch {args.batch_size}, {args.iterations} iterations, torch threads {torch.get_num_threads()}")
+    if args.scheduler in COLLABORATIVE:
+        shape = f"K={args.devices}" + ("" if args.scheduler == "fl" else f", P={args.split}, N={args.microbatches}") + f", {job.dataset.n_train if hasattr(job.dataset, 'n_train') else len(job.dataset.y_train)} samples"
+    else:
+        shape = f"S={args.stages}, M={args.microbatches}, {args.iterations} iterations"
+    print(f"simulator overhead: {args.scheduler}, {shape}, {args.model} on {args.dataset}, batch {args.batch_size}, torch threads {torch.get_num_threads()}")
     print(f"{'':<24}{'median s':>10}{'best s':>10}   runs (s)")
     print(f"{'plain PyTorch loop':<24}{p:>10.3f}{min(plain_s):>10.3f}   {', '.join(f'{x:.3f}' for x in plain_s)}")
     print(f"{'pipelab runtime=sim':<24}{s:>10.3f}{min(sim_s):>10.3f}   {', '.join(f'{x:.3f}' for x in sim_s)}")

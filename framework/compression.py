@@ -182,12 +182,37 @@ class Compressor:
 
     def decode(self, data, *, src: str = "", dst: str = "", tag: str = "", copy: bool = True) -> wire.Packet:
         packet = wire.decode(data, copy=copy, max_bytes=self.max_decoded_bytes)
-        if tag == self.backward_tag and self._kept and not packet.timing_only:
-            # a gradient coming back from `src` for what this process (`dst`) sent it
-            kept = self._kept.pop((dst, src, packet.iteration, packet.microbatch), None)
-            if kept is not None:
-                packet.tensors = {k: self.on_gradient(g, kept) for k, g in packet.tensors.items()}
+        if not packet.timing_only:
+            packet.tensors = self.received(packet.tensors, src=src, dst=dst, tag=tag, iteration=packet.iteration, microbatch=packet.microbatch)
         return packet
+
+    def received(self, tensors: dict, *, src: str, dst: str, tag: str, iteration: int, microbatch: int) -> dict:
+        """Decoded tensors as the receiver sees them: a gradient coming back from `src` for what
+        `dst` sent it is corrected with what `remember` kept."""
+        if tag == self.backward_tag and self._kept:
+            kept = self._kept.pop((dst, src, iteration, microbatch), None)
+            if kept is not None:
+                return {k: self.on_gradient(g, kept) for k, g in tensors.items()}
+        return tensors
+
+    def carry(self, tensors: dict, *, tag: str) -> tuple[dict, int] | None:
+        """The simulator's shortcut for a direction without a codec: (fresh contiguous copies of
+        the tensors, the bytes their packet would take), counted as `encode` counts them; the
+        receiver hands them to `received`. The same values arrive as through wire bytes, without
+        building and parsing the packet (a decoded tensor views its packet at whatever offset the
+        header left; a copy is aligned, so BLAS may sum in another order: float64 results can
+        differ in the last bit). None where a codec codes them or a tensor is timing-only (those
+        take `encode`)."""
+        d = self.directions.get(tag)
+        if d is not None and d.codec is not None:
+            return None
+        if any(t.device.type == "meta" for t in tensors.values()):
+            return None
+        size = wire.encoded_size(tensors)
+        if d is not None:
+            d.raw_bytes += size
+            d.wire_bytes += size
+        return {k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}, size
 
     def remember(self, d: _Direction, x: torch.Tensor, enc: Encoded, stream: dict):
         """What the sender keeps of a forward tensor for its returned gradient (None: nothing)."""

@@ -14,6 +14,12 @@ by experiments/bench_startup.py). pipelab compiles nothing, so:
   update (the one torch.optim.SGD picks on the CPU) under `torch.no_grad()`, without the
   compiler wrapper: the same arithmetic, bit for bit (tests/test_startup.py), the same state
   (`momentum_buffer`), the same state_dict. Other devices take torch's own `step`.
+- `backward(out, grad)` and `grad(outs, inputs, grads)` are `torch.autograd.backward` /
+  `torch.autograd.grad` with a given output gradient, without the shape check that imports
+  `torch.fx.experimental.symbolic_shapes` and with it sympy (0.5 s at a pipeline stage's first
+  backward; the check exists for symbolic and nested shapes, which a stage never has). They check
+  the shapes themselves and call the same autograd engine entry point; where that is missing
+  (another torch) or the shapes differ, torch's own function runs (and raises its own error).
 """
 
 from __future__ import annotations
@@ -66,3 +72,27 @@ class SGD(torch.optim.SGD):
                     for p, buf in zip(params, buffers):
                         self.state[p]["momentum_buffer"] = buf
         return loss
+
+
+_run_backward = getattr(torch.autograd.graph, "_engine_run_backward", None)
+
+
+def _plain(outs, grads) -> bool:
+    return _run_backward is not None and all(
+        isinstance(o, torch.Tensor) and isinstance(g, torch.Tensor) and not o.is_nested and o.shape == g.shape for o, g in zip(outs, grads, strict=True)
+    )
+
+
+def backward(out: torch.Tensor, grad: torch.Tensor | None) -> None:
+    """out.backward(grad) (see the module docstring)."""
+    if grad is None or not _plain((out,), (grad,)):
+        out.backward(grad)
+        return
+    _run_backward((out,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
+
+
+def grad(outs: torch.Tensor, inputs: list[torch.Tensor], grads: torch.Tensor | None) -> tuple:
+    """torch.autograd.grad(outs, inputs, grads, allow_unused=True) (see the module docstring)."""
+    if grads is None or not _plain((outs,), (grads,)):
+        return torch.autograd.grad(outs, inputs, grads, allow_unused=True)
+    return _run_backward((outs,), (grads,), False, False, tuple(inputs), True, accumulate_grad=False)

@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call
 
 from framework.cluster import Work
+from framework import lean_torch
 from framework.lean_torch import SGD, optimizers_without_dynamo
 
 
@@ -110,10 +111,10 @@ class Stage:
             return None if self.is_first else torch.empty((x_in, *self.in_shape), device="meta")  # x_in holds n
         grad_out = None if self.is_last else grad
         if snapshot is None:
-            out.backward(grad_out)
+            lean_torch.backward(out, grad_out)
             return None if self.is_first else x_in.grad
         inputs = list(snapshot.values()) + ([] if self.is_first else [x_in])
-        grads = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
+        grads = lean_torch.grad(out, inputs, grad_out)
         for p, g in zip(self.module.parameters(), grads):
             if g is None:
                 continue

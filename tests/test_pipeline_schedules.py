@@ -145,3 +145,33 @@ def test_timeline_labels_asynchronous_steps_by_their_mini_batch_and_says_its_clo
     collab = Job(compose_cfg(["scheduler=fl", "cluster=pipar_wifi", "cluster.num_devices=2", "train.epochs=1", "train.iterations_per_epoch=2", "runtime.numerics=false"]), tmp_path / "fl")
     collab.train()
     assert not collab.runtime.timeline.has_flushes()
+
+
+@pytest.mark.parametrize("extra", [["scheduler=gpipe", "cluster.num_devices=3", "compressor=none"], ["scheduler=1f1b", "cluster.num_devices=3", "compressor=minmax_ef"],
+                                   ["scheduler=pipar", "cluster=pipar_wifi", "cluster.num_devices=3", "scheduler.P=1", "scheduler.N=2"]], ids=["gpipe-raw", "1f1b-minmax-ef", "pipar"])
+def test_in_process_shortcut_equals_the_wire(tmp_path, monkeypatch, extra):
+    """The simulator hands raw tensors over as copies (Compressor.carry) instead of wire bytes:
+    the same virtual time and byte counts as through the wire, and the same weights and metrics
+    but for BLAS's summation order (a decoded tensor views its packet at any offset, a copy is
+    aligned: float64 weights differ by ~1e-17). minmax_ef sends its gradients raw and corrects
+    them with what the sender kept (Compressor.received)."""
+    from framework.compression import Compressor
+
+    cfg = [o for o in EXACT if not o.startswith("scheduler.microbatches")] + ["tracking=none", "runtime.progress=false", "train.epochs=1", *extra]
+    if "scheduler=pipar" not in extra:
+        cfg.append("scheduler.microbatches=4")
+    runs = {}
+    for how in ("carry", "wire"):
+        if how == "wire":
+            monkeypatch.setattr(Compressor, "carry", lambda self, tensors, *, tag: None)
+        job, res = run_job(tmp_path / how, cfg)
+        runs[how] = (final_weights(job), res)
+    (wa, ra), (wb, rb) = runs["carry"], runs["wire"]
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-12, atol=1e-14)
+    assert ra["virtual_time_s"] == rb["virtual_time_s"]
+    net = {k: v for k, v in ra["metrics"].items() if k.startswith(("net/", "compression/"))}
+    assert net and net == {k: rb["metrics"][k] for k in net}
+    learned = {k: v for k, v in ra["metrics"].items() if k.startswith(("val/", "train/"))}
+    assert learned and learned == pytest.approx({k: rb["metrics"][k] for k in learned}, rel=1e-12)

@@ -90,8 +90,9 @@ def test_lean_sgd_is_torch_sgd_bit_for_bit(momentum, weight_decay, nesterov):
 
 
 def test_a_training_run_never_imports_the_compiler(tmp_path):
-    """torch.optim would import torch._dynamo (2-7 s) at the first optimizer (framework/lean_torch.py)."""
-    code = PROBE.replace('("torch", "mlflow", "numpy", "matplotlib", "aiomqtt")', '("torch._dynamo",)')
+    """torch.optim would import torch._dynamo (2-7 s) at the first optimizer, and a pipeline
+    stage's backward from a given gradient sympy (0.5 s; framework/lean_torch.py)."""
+    code = PROBE.replace('("torch", "mlflow", "numpy", "matplotlib", "aiomqtt")', '("torch._dynamo", "sympy")')
     args = ["tracking=none", "train.epochs=1", "train.iterations_per_epoch=2", "runtime.progress=false", "dataset.n_train=64", "dataset.n_val=32",
             "dataset.n_test=32", f"hydra.run.dir={tmp_path / 'run'}"]
     res = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -160,7 +160,12 @@ class SimRuntime(Runtime):
             fut.add_done_callback(lambda _: box.put(payload))
             return
         t0 = time.perf_counter()
-        data, nbytes, raw_bytes = self.codec.encode(tensors, src=src, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
+        carried = self.codec.carry(tensors, tag=tag)  # raw tensors skip the wire bytes in-process
+        if carried is None:
+            data, nbytes, raw_bytes = self.codec.encode(tensors, src=src, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
+        else:
+            data, nbytes = carried
+            raw_bytes = nbytes
         enc_s = self.codec.codec_seconds("encode", tag, tensors, time.perf_counter() - t0)
 
         def transmit(t_ready: float) -> None:
@@ -175,9 +180,11 @@ class SimRuntime(Runtime):
 
         def receive() -> None:
             t1 = time.perf_counter()
-            packet = self.codec.decode(data, src=src, dst=dst, tag=tag, copy=False)  # the buffer is this message's alone
+            if carried is None:
+                t = self.codec.decode(data, src=src, dst=dst, tag=tag, copy=False).tensors  # the buffer is this message's alone
+            else:
+                t = self.codec.received(data, src=src, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
             dec_s = self.codec.codec_seconds("decode", tag, tensors, time.perf_counter() - t1)
-            t = packet.tensors
             item = t["x"] if set(t) == {"x"} else t
             if dec_s > 0:
                 self.occupy(dst, "decode", dec_s, iteration, microbatch, lambda _: box.put(item))
