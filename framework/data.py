@@ -63,18 +63,19 @@ class Dataset:
             "class_counts": torch.bincount(y.long(), minlength=self.num_classes).tolist(),
         }
 
-    def to(self, dtype: torch.dtype) -> "Dataset":
-        """Inputs cast to `dtype` (labels stay int64)."""
-        if self.x_train.dtype == dtype:
+    def to(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> "Dataset":
+        """Inputs cast to `dtype` (labels stay int64), everything moved to `device`."""
+        device = torch.device(device)
+        if self.x_train.dtype == dtype and self.x_train.device == device:
             return self
         return Dataset(
             self.name,
-            self.x_train.to(dtype),
-            self.y_train,
-            self.x_val.to(dtype),
-            self.y_val,
-            self.x_test.to(dtype),
-            self.y_test,
+            self.x_train.to(device, dtype),
+            self.y_train.to(device),
+            self.x_val.to(device, dtype),
+            self.y_val.to(device),
+            self.x_test.to(device, dtype),
+            self.y_test.to(device),
             self.num_classes,
             dict(self.sources),
         )
@@ -121,6 +122,7 @@ def shard_indices(labels: torch.Tensor, k: int, mode: str = "contiguous", *, alp
       devices in proportions drawn from Dirichlet(alpha) (smaller alpha, more skew).
     """
     n = len(labels)
+    labels = labels.cpu()  # index bookkeeping stays on the CPU wherever the samples live
     if k < 1:
         raise ValueError(f"cannot shard across {k} devices")
     if mode == "contiguous":

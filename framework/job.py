@@ -18,6 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from framework import checkpoint as ck
+from framework.errors import ConfigError
 from framework import registry
 from framework.cluster import Cluster
 from framework.config import swept_overrides
@@ -33,6 +34,19 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 
+def torch_device(runtime_cfg) -> torch.device:
+    """Where the run's tensor work happens (`runtime.torch_device`, the simulator's option)."""
+    name = str(runtime_cfg.get("torch_device", "cpu"))
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ConfigError("runtime.torch_device", f"{name}: {why} (torch {torch.__version__}); choices on this machine: cpu")
+        index = int(name.split(":")[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError("runtime.torch_device", f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return torch.device(name)
+
+
 def build_scheduler(cfg, *, role: str | None = None, plan: dict | None = None):
     """Validate `cfg`, build the run's parts and its scheduler: (SchedulerContext, Scheduler).
 
@@ -44,9 +58,10 @@ def build_scheduler(cfg, *, role: str | None = None, plan: dict | None = None):
     if cfg.runtime.threads:
         torch.set_num_threads(int(cfg.runtime.threads))
     torch.manual_seed(cfg.seed)
-    dataset = registry.build("dataset", cfg.dataset).to(dtype)
+    device = torch_device(cfg.runtime)
+    dataset = registry.build("dataset", cfg.dataset).to(dtype, device)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(dtype)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(dtype).to(device)
     cluster = Cluster(cfg.cluster, model, batch_size=cfg.train.batch_size, seed=cfg.seed, dtype=dtype)
     predictor = registry.build("predictor", cfg.predictor, cluster)
     compressor = registry.build("compressor", cfg.compressor)
@@ -219,8 +234,6 @@ class Job(RuntimeHooks):
         self.tracker.log_artifacts(path, ck.DIR)
 
     def _load_checkpoint(self) -> None:
-        from framework.errors import ConfigError
-
         run_dir = self.out_dir
         if not self.runtime.checkpoints:
             raise ConfigError("train.resume", f"runtime={self.cfg.runtime.name} cannot resume a run; resume runs on runtime=sim")
@@ -325,7 +338,7 @@ class Job(RuntimeHooks):
             return
         from safetensors.torch import save_file
 
-        state = {k: v.detach().clone().contiguous() for k, v in self.final_model().state_dict().items()}
+        state = {k: v.detach().cpu().clone().contiguous() for k, v in self.final_model().state_dict().items()}
         path = self.out_dir / "model.safetensors"
         save_file(state, str(path), metadata={"model": self.cfg.model.name, "scheduler": self.cfg.scheduler.name, "dtype": self.cfg.runtime.dtype})
 

@@ -91,8 +91,8 @@ def backward(out: torch.Tensor, grad: torch.Tensor | None) -> None:
     _run_backward((out,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
 
 
-def grad(outs: torch.Tensor, inputs: list[torch.Tensor], grads: torch.Tensor | None) -> tuple:
-    """torch.autograd.grad(outs, inputs, grads, allow_unused=True) (see the module docstring)."""
+def grad(outs: torch.Tensor, inputs: list[torch.Tensor], grads: torch.Tensor | None, retain_graph: bool = False) -> tuple:
+    """torch.autograd.grad(outs, inputs, grads, retain_graph, allow_unused=True) (see the module docstring)."""
     if grads is None or not _plain((outs,), (grads,)):
-        return torch.autograd.grad(outs, inputs, grads, allow_unused=True)
-    return _run_backward((outs,), (grads,), False, False, tuple(inputs), True, accumulate_grad=False)
+        return torch.autograd.grad(outs, inputs, grads, retain_graph=retain_graph, allow_unused=True)
+    return _run_backward((outs,), (grads,), retain_graph, False, tuple(inputs), True, accumulate_grad=False)

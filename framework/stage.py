@@ -22,7 +22,7 @@ from torch import nn
 from torch.func import functional_call
 
 from framework.cluster import Work
-from framework import lean_torch
+from framework import lean_torch, replicas
 from framework.lean_torch import SGD, optimizers_without_dynamo
 
 
@@ -53,7 +53,12 @@ class Stage:
         self._saved: dict = {}
         self.peak_inflight = 0
         self.staleness: list[int] = []
-        self._param_names = [n for n, _ in self.module.named_parameters()]
+        self.params = dict(self.module.named_parameters())
+        self.param_names = list(self.params)
+        self.buffers = dict(self.module.named_buffers())
+        # what a batched call of identical replicas needs to know (framework/replicas.py)
+        self.architecture = replicas.architecture_key(self.module, start, stop)
+        self.draws_random = replicas.draws_random_numbers(self.module)
 
     # ---- cost descriptions for the device time model -----------------------------------
 
@@ -103,8 +108,28 @@ class Stage:
         self.peak_inflight = max(self.peak_inflight, len(self._saved))
         return y.detach()
 
+    def keep(self, key, slot: replicas.Slot) -> None:
+        """Hold a batched forward's share of its graph under `key` (framework/replicas.py)."""
+        if key in self._saved:
+            raise RuntimeError(f"stage [{self.start}:{self.stop}) already holds activations for {key!r}")
+        self._saved[key] = (slot, None, None, self.version)
+        self.peak_inflight = max(self.peak_inflight, len(self._saved))
+
+    def slot_of(self, key) -> replicas.Slot | None:
+        """`key`'s share of a batched forward's graph; None if its forward ran alone (or never)."""
+        entry = self._saved.get(key)
+        return entry[0] if entry is not None and isinstance(entry[0], replicas.Slot) else None
+
+    def release(self, key) -> replicas.Slot:
+        """Give up `key`'s share of a batched forward's graph, for its backward."""
+        slot, _, _, version = self._saved.pop(key)
+        self.staleness.append(self.version - version)
+        return slot
+
     def backward(self, key, grad: torch.Tensor | None = None):
         """Backward of `key`'s forward; returns the input gradient (None on the first stage)."""
+        if self.slot_of(key) is not None:  # its forward ran batched
+            return replicas.run_backwards([replicas.BackwardRequest(self, key, grad)])[0]
         x_in, out, snapshot, version = self._saved.pop(key)
         self.staleness.append(self.version - version)
         if not self.numerics:

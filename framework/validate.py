@@ -8,6 +8,8 @@ tracking run starts.
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 import difflib
 import typing
@@ -102,6 +104,11 @@ def check_runtime(cfg) -> None:
     rt, transport = cfg.runtime.name, cfg.transport.name
     if rt == "sim" and transport != "inproc":
         raise ConfigError("transport", f"transport={transport} is ignored by runtime=sim, which runs every role in this process on the virtual clock and prices messages with the cluster's links; use runtime=local (or remote) with transport={transport}, or leave transport=inproc")
+    device = str(cfg.runtime.get("torch_device", "cpu"))
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ConfigError("runtime.torch_device", f"{device!r} is not a torch device this runtime runs on; choices: cpu, cuda, cuda:<n>")
+    if device != "cpu" and not cfg.runtime.numerics:
+        raise ConfigError("runtime.torch_device", f"{device} with runtime.numerics=false: a timing-only run does no tensor math; leave runtime.torch_device=cpu")
     python = cfg.runtime.get("python")
     if rt == "local" and python:
         import shutil

@@ -156,6 +156,8 @@ BAD_INPUTS = [
     (["runtime=local"], ["transport.name", "runtime=local needs a network transport", "transport=mqtt"]),
     (["runtime.dtype=float16"], ["runtime.dtype", "'float16'", "float32, float64"]),
     (["runtime.threads=0"], ["runtime.threads", ">= 1", "got 0"]),
+    (["runtime.torch_device=gpu"], ["runtime.torch_device", "'gpu'", "cpu, cuda, cuda:<n>"]),
+    (["runtime.torch_device=cuda", "runtime.numerics=false"], ["runtime.torch_device", "timing-only"]),
     (["runtime.emulate_links=true"], ["runtime.emulate_links", "runtime=sim has no key emulate_links", "runtime=local, remote have it"]),
     ([*MQTT, "runtime.join_timeout_s=0"], ["runtime.join_timeout_s", "> 0", "got 0"]),
     ([*MQTT, "runtime.python=/nonexistent/python"], ["runtime.python", "/nonexistent/python", "not an executable"]),

@@ -13,6 +13,8 @@ class SimConfig(RuntimeConfig):
     """Runs role programs on the virtual clock."""
 
     name: str = "sim"
+    torch_device: str = "cpu"  # where tensor work runs: cpu | cuda | cuda:<n> (time still comes from the device models)
+    batch_replicas: Optional[bool] = None  # run identical replicas' forwards/backwards as one vmapped call; null: on for cuda
 
 
 @dataclass

@@ -20,6 +20,23 @@ from framework.clock import VirtualClockLoop, run_virtual
 from framework.cluster import Cluster, Work
 from framework.errors import ConfigError
 from framework.runtime.base import RoleContext, Runtime, RuntimeHooks
+from framework.runtime.deferred import DeferredCompute
+
+
+def batches_replicas(cfg, cluster: Cluster) -> bool:
+    """Whether identical replicas' tensor work runs batched (framework/runtime/deferred.py):
+    `runtime.batch_replicas`, by default on where tensor work runs on a GPU."""
+    if cfg is None:  # a bare runtime (tests, tools): the defaults
+        return False
+    on = cfg.get("batch_replicas")
+    if on is None:
+        on = str(cfg.get("torch_device", "cpu")).startswith("cuda")
+    if not on or not cfg.numerics:
+        return False
+    measured = [n for n, d in cluster.devices.items() if d.cfg.time_model == "measured"]
+    if measured:
+        raise ConfigError("runtime.batch_replicas", f"needs time models that do not time the call itself; device(s) {', '.join(measured)} use time_model=measured (set runtime.batch_replicas=false)")
+    return True
 
 
 class _DeviceQueue:
@@ -86,17 +103,21 @@ class SimContext(RoleContext):
         await queue.acquire(rt.loop)
         try:
             start = rt.loop.time()
-            t0 = time.perf_counter()
-            result = fn(*args, **kwargs) if fn is not None else None
-            wall = time.perf_counter() - t0
-            duration = self.device.duration(work, start, wall)
+            if rt.deferred is not None and fn is not None:  # run when a result is first needed
+                call = rt.deferred.submit(fn, args, kwargs)
+                duration = self.device.duration(work, start)
+            else:
+                call = None
+                t0 = time.perf_counter()
+                result = fn(*args, **kwargs) if fn is not None else None
+                duration = self.device.duration(work, start, time.perf_counter() - t0)
             self.waiting_on = ("compute", work.kind)
             if duration > 0:
                 await rt.loop.sleep(duration)
             rt.timeline.compute(self.role, work.kind, start, start + duration, iteration, microbatch, group)
         finally:
             queue.release()
-        return result
+        return result if call is None else call.result()
 
     def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True) -> None:
         self.rt.send(self.role, dst, tag, tensor, iteration, microbatch, reliable)
@@ -139,6 +160,10 @@ class SimRuntime(Runtime):
         self._barriers: dict = {}
         self._resume_order: list[str] = []
         self._resume: tuple | None = None  # (bag, desc, epoch) of a checkpoint to continue from
+        self.deferred = DeferredCompute() if batches_replicas(cfg, cluster) else None
+        # tensor work may run on a GPU; codecs and their state work on the CPU: messages cross there
+        device = torch.device(str(cfg.get("torch_device", "cpu")) if cfg is not None else "cpu")
+        self.torch_device = None if device.type == "cpu" else device
 
     def states(self) -> dict[str, dict]:
         """Every role's state now (they all live in this process; no copies are made)."""
@@ -159,6 +184,8 @@ class SimRuntime(Runtime):
             fut = self.loop.sleep_until(now)
             fut.add_done_callback(lambda _: box.put(payload))
             return
+        if self.torch_device is not None:
+            tensors = {k: v if v.device.type in ("cpu", "meta") else v.cpu() for k, v in tensors.items()}
         t0 = time.perf_counter()
         carried = self.codec.carry(tensors, tag=tag)  # raw tensors skip the wire bytes in-process
         if carried is None:
@@ -185,6 +212,8 @@ class SimRuntime(Runtime):
             else:
                 t = self.codec.received(data, src=src, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
             dec_s = self.codec.codec_seconds("decode", tag, tensors, time.perf_counter() - t1)
+            if self.torch_device is not None:
+                t = {k: v if v.device.type == "meta" else v.to(self.torch_device) for k, v in t.items()}
             item = t["x"] if set(t) == {"x"} else t
             if dec_s > 0:
                 self.occupy(dst, "decode", dec_s, iteration, microbatch, lambda _: box.put(item))

@@ -27,7 +27,7 @@ def fedavg(models: list[dict[str, torch.Tensor]], counts: list[float]) -> dict[s
     out = {}
     for key in keys:
         ref = models[0][key]
-        acc = torch.zeros(ref.shape, dtype=torch.float64)
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
         for m, n in zip(models, counts):
             if m.keys() != keys:
                 raise ValueError(f"fedavg of models with different entries: {sorted(keys)} vs {sorted(m.keys())}")

@@ -1,0 +1,120 @@
+"""Many simulated devices on one processor: replicas one at a time against batched, CPU against GPU.
+
+Runs one epoch of FL and PiPar with K devices (default 64, VGG-5 on the CIFAR-shaped set,
+batch 32, `cluster=pipar_wifi`: identical devices) under `runtime=sim`, side by side in one
+process, in up to four ways:
+
+- `cpu`: tensor work on the CPU, each replica's forward and backward its own call;
+- `cpu batched`: `runtime.batch_replicas=true`, identical replicas as one vmapped call;
+- `gpu` and `gpu batched`: the same with `runtime.torch_device=cuda` (only where CUDA exists).
+
+It prints wall seconds, samples per second and the ratios, and checks that every variant has the
+same virtual time (time comes from the device models, whatever runs the math). The variants
+alternate over `--repeats` rounds; medians are reported.
+
+    python experiments/bench_replicas.py                         # K = 64, fl and pipar
+    python experiments/bench_replicas.py --devices 16 --schedulers fl --model lenet --dataset synthetic_mnist
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from framework import registry  # noqa: E402
+from framework.cli import CONF_DIR  # noqa: E402
+from framework.job import Job  # noqa: E402
+
+
+def variants(with_gpu: bool) -> dict[str, list[str]]:
+    out = {"cpu": ["runtime.batch_replicas=false"], "cpu batched": ["runtime.batch_replicas=true"]}
+    if with_gpu:
+        out["gpu"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=false"]
+        out["gpu batched"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=true"]
+    return out
+
+
+def one_run(args, scheduler: str, extra: list[str]) -> tuple[float, float, int]:
+    """(wall seconds of the training, virtual seconds, samples trained)."""
+    overrides = [
+        f"scheduler={scheduler}",
+        f"model={args.model}",
+        f"dataset={args.dataset}",
+        f"dataset.n_train={args.devices * args.per_device}",
+        "dataset.n_val=256",
+        "dataset.n_test=256",
+        "cluster=pipar_wifi",
+        f"cluster.num_devices={args.devices}",
+        "train.epochs=1",
+        "train.batch_size=32",
+        "tracking=none",
+        "runtime.progress=false",
+        f"runtime.threads={args.threads}",
+        *(["scheduler.P=1", "scheduler.N=1"] if scheduler == "pipar" else []),
+        *extra,
+    ]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    with tempfile.TemporaryDirectory() as d:
+        job = Job(cfg, Path(d))
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        res = job.run()  # the epoch, plus evaluating 256 samples at its end and writing the outputs
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        samples = job.scheduler.samples_per_epoch()
+        return wall, float(res["virtual_time_s"]), samples
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", type=int, default=64)
+    ap.add_argument("--per-device", type=int, default=64, help="training samples per device (64: two iterations of batch 32)")
+    ap.add_argument("--schedulers", default="fl,pipar")
+    ap.add_argument("--model", default="vgg5")
+    ap.add_argument("--dataset", default="synthetic_cifar10")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed: the default thrashes on small machines)")
+    ap.add_argument("--no-gpu", action="store_true", help="skip the GPU variants even where CUDA exists")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    registry.load_plugins()
+    gpu = torch.cuda.is_available() and not args.no_gpu
+    ways = variants(gpu)
+    print(f"K = {args.devices} devices, {args.model} on {args.dataset}, {args.per_device} samples each, one epoch; "
+          f"{args.threads} CPU thread(s); GPU: {torch.cuda.get_device_name(0) if gpu else 'none'}")
+    for scheduler in args.schedulers.split(","):
+        one_run(args, scheduler, ways["cpu"] if not gpu else ways["gpu batched"])  # warm-up: imports, kernels, caches
+        walls: dict[str, list[float]] = {w: [] for w in ways}
+        virtual: dict[str, float] = {}
+        samples = 0
+        for _ in range(args.repeats):
+            for name, extra in ways.items():
+                wall, vt, samples = one_run(args, scheduler, extra)
+                walls[name].append(wall)
+                virtual[name] = vt
+        if len(set(virtual.values())) != 1:
+            raise SystemExit(f"{scheduler}: virtual times differ between variants: {virtual}")
+        med = {w: statistics.median(v) for w, v in walls.items()}
+        print(f"\n{scheduler}: {samples} samples, virtual epoch {virtual['cpu']:.3f} s (the same in every variant)")
+        print("| variant | wall s (median) | samples/s | vs cpu | vs its one-at-a-time |")
+        print("|---|---|---|---|---|")
+        for w, s in med.items():
+            alone = w.removesuffix(" batched")
+            print(f"| {w} | {s:.2f} | {samples / s:,.0f} | {med['cpu'] / s:.2f}x | {med[alone] / s:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Identical replicas trained as one batched call: many simulated devices, few kernels.
+
+FL, PiPar and SFL give every device (and every server-side replica) its own copy of the same
+architecture. Run one at a time, K replicas launch K small kernels per layer, which leaves a GPU
+idle; `torch.func.vmap` over their stacked parameters does the same work in one launch per layer.
+
+`run_forwards(requests)` runs the forwards of G stages that slice the same units of the same
+architecture, on inputs of one shape: parameters and buffers are stacked, the slice runs once
+under vmap, BatchNorm's running statistics are written back to each replica, and every stage
+keeps a `Slot` (the shared graph and its index) where it would keep its own graph.
+`run_backwards(requests)` runs the backwards of stages whose forwards ran together as one
+autograd call over the shared graph (zero gradient for members not in the call; the graph is kept
+until its last member is done) and adds each member's slice of the gradients to its own
+parameters. Results equal the one-at-a-time calls up to rounding (float64: about 1e-15).
+
+Which calls may run together is decided by `forward_signature`: same architecture slice, same
+input shape and dtype, same loss or none, no weight stashing, and no random modules (dropout):
+a batched call would draw other random numbers than the replicas one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from framework import lean_torch
+
+_RANDOM_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
+
+
+def draws_random_numbers(module: nn.Module) -> bool:
+    """Whether a training-mode call of `module` uses torch's random generator."""
+    return any(isinstance(m, _RANDOM_MODULES) and m.training and getattr(m, "p", 1.0) > 0 for m in module.modules())
+
+
+def architecture_key(module: nn.Module, start: int, stop: int) -> tuple:
+    """What two stages must share to run as one vmapped call."""
+    return (
+        start,
+        stop,
+        tuple((type(m).__name__, m.training) for m in module.modules()),
+        tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in module.named_parameters()),
+        tuple((n, tuple(b.shape), b.dtype) for n, b in module.named_buffers()),
+    )
+
+
+@dataclass
+class ForwardRequest:
+    stage: object  # framework.stage.Stage
+    x: torch.Tensor
+    key: object
+    target: torch.Tensor | None = None
+    loss_scale: float = 1.0
+
+
+@dataclass
+class BackwardRequest:
+    stage: object
+    key: object
+    grad: torch.Tensor | None = None
+
+
+@dataclass
+class SharedGraph:
+    """One batched forward: stacked parameter leaves, the stacked input leaf and the output (the
+    stacked activations, or the G losses of a last stage)."""
+
+    params: list[torch.Tensor]
+    x: torch.Tensor | None  # the stacked input leaf (None on a first stage: no input gradient)
+    out: torch.Tensor
+    is_last: bool
+    inputs: torch.Tensor  # the stacked inputs, and the buffers as the forward found them:
+    buffers_before: list[torch.Tensor]  # what a member's forward alone is recomputed from
+    targets: torch.Tensor | None = None
+    pending: set = field(default_factory=set)  # member indices whose backward has not run
+
+
+@dataclass
+class Slot:
+    """A member's place in a SharedGraph: what its stage keeps instead of its own graph."""
+
+    graph: SharedGraph
+    index: int
+    loss_scale: float
+
+
+def forward_signature(req: ForwardRequest) -> tuple | None:
+    """Requests with equal signatures may run as one call; None: this one runs alone."""
+    st = req.stage
+    if not st.numerics or st.stash or st.draws_random:
+        return None
+    return (st.architecture, tuple(req.x.shape), req.x.dtype, req.x.device, req.target is not None)
+
+
+def run_forwards(reqs: list[ForwardRequest]) -> list:
+    """The forwards of `reqs` (equal signatures, distinct stages) as one vmapped call; returns
+    what each `Stage.forward` would have returned."""
+    stages = [r.stage for r in reqs]
+    base = stages[0].module
+    names = stages[0].param_names
+    buffer_names = [n for n, _ in base.named_buffers()]
+    with torch.no_grad():
+        params = [torch.stack([st.params[n] for st in stages]) for n in names]
+        buffers = [torch.stack([st.buffers[n] for st in stages]) for n in buffer_names]
+        buffers_before = [b.clone() for b in buffers]
+    for p in params:
+        p.requires_grad_(True)
+    first, last = stages[0].is_first, stages[0].is_last
+    x = torch.stack([r.x for r in reqs])
+    if not first:
+        x.requires_grad_(True)
+
+    def one(ps, bs, xi):
+        return torch.func.functional_call(base, {**dict(zip(names, ps)), **dict(zip(buffer_names, bs))}, (xi,))
+
+    y = torch.func.vmap(one)(params, buffers, x)
+    with torch.no_grad():  # BatchNorm updated the stacked statistics in place: back to each replica,
+        # through .data as BatchNorm's own update does, so a replica's graph held from an earlier
+        # forward (which saved these buffers) does not see them as modified
+        for n, b in zip(buffer_names, buffers):
+            for i, st in enumerate(stages):
+                st.buffers[n].data.copy_(b[i])
+    graph = SharedGraph(params, None if first else x, y, last, x.detach(), buffers_before, pending=set(range(len(reqs))))
+    results: list = []
+    if last:
+        g, b = y.shape[:2]
+        target = graph.targets = torch.stack([r.target for r in reqs])
+        losses = nn.functional.cross_entropy(y.flatten(0, 1), target.flatten(), reduction="none").view(g, b).sum(1)
+        correct = (y.detach().argmax(-1) == target).sum(1)
+        graph.out = losses
+        results = [(loss, int(c), b) for loss, c in zip(losses.detach().tolist(), correct.tolist())]
+    else:
+        out = y.detach()
+        results = [out[i] for i in range(len(reqs))]
+    for i, r in enumerate(reqs):
+        r.stage.keep(r.key, Slot(graph, i, r.loss_scale))
+    return results
+
+
+def run_backwards(reqs: list[BackwardRequest]) -> list:
+    """The backwards of `reqs`, whose forwards ran in one `run_forwards` call (their Slots share
+    a graph); returns each member's input gradient (None on a first stage).
+
+    A backward through the shared graph costs the whole group's, whatever the number of members
+    it serves. So it runs when it serves at least half of the group (or all who are left); fewer
+    members (replicas fallen out of step: a server answering one device at a time) recompute
+    their own forward alone from what the group's forward started from, and run its backward."""
+    slots = [r.stage.release(r.key) for r in reqs]
+    graph = slots[0].graph
+    idx = [s.index for s in slots]
+    if len(idx) < len(graph.pending) and 2 * len(idx) < len(graph.params[0]):
+        graph.pending.difference_update(idx)
+        out = [_recomputed_backward(r, s) for r, s in zip(reqs, slots)]
+        if not graph.pending:
+            graph.out = graph.x = None  # free the group's graph
+        return out
+    if graph.is_last:
+        seed = torch.zeros_like(graph.out)
+        seed[idx] = torch.tensor([s.loss_scale for s in slots], dtype=seed.dtype, device=seed.device)
+    else:
+        seed = torch.zeros_like(graph.out)
+        seed[idx] = torch.stack([r.grad for r in reqs])
+    graph.pending.difference_update(idx)
+    inputs = graph.params + ([] if graph.x is None else [graph.x])
+    grads = lean_torch.grad(graph.out, inputs, seed, retain_graph=bool(graph.pending))
+    out = []
+    for r, i in zip(reqs, idx):
+        for p, g in zip(r.stage.params.values(), grads):
+            if g is None:
+                continue
+            p.grad = g[i] if p.grad is None else p.grad + g[i]
+        out.append(None if graph.x is None else grads[-1][i])
+    return out
+
+
+def _recomputed_backward(req: BackwardRequest, slot: Slot):
+    """One member's forward again, alone (its parameters, buffers and input as the group's forward
+    found them), and its backward; returns its input gradient."""
+    g, i, st = slot.graph, slot.index, req.stage
+    params = {n: p[i].detach().requires_grad_(True) for n, p in zip(st.param_names, g.params)}
+    buffers = {n: b[i].clone() for (n, _), b in zip(st.module.named_buffers(), g.buffers_before)}  # scratch: statistics stay as they are
+    x = g.inputs[i] if g.x is None else g.inputs[i].detach().requires_grad_(True)
+    y = torch.func.functional_call(st.module, {**params, **buffers}, (x,))
+    if g.is_last:
+        out = nn.functional.cross_entropy(y, g.targets[i], reduction="sum") * slot.loss_scale
+        seed = None
+    else:
+        out, seed = y, req.grad
+    inputs = list(params.values()) + ([] if g.x is None else [x])
+    grads = lean_torch.grad(out, inputs, seed)
+    for p, gr in zip(st.params.values(), grads):
+        if gr is not None:
+            p.grad = gr if p.grad is None else p.grad + gr
+    return None if g.x is None else grads[-1]

@@ -1,0 +1,178 @@
+"""Identical replicas as one vmapped call (framework/replicas.py, framework/runtime/deferred.py),
+and tensor work on a GPU (`runtime.torch_device`).
+
+Batching must change nothing but speed: the same virtual times, byte counts and metrics, and in
+float64 the same weights up to rounding. Tests that need CUDA skip without it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework.errors import ConfigError
+from framework.job import Job
+from framework.runtime import deferred
+from tests.conftest import compose_cfg
+
+SMALL = [
+    "dataset=synthetic_cifar10",
+    "dataset.n_train=384",
+    "dataset.n_val=64",
+    "dataset.n_test=64",
+    "cluster=pipar_wifi",
+    "cluster.num_devices=3",
+    "train.epochs=2",
+    "train.batch_size=32",
+    "train.momentum=0.9",
+    "train.weight_decay=1e-4",
+]
+
+
+def run(tmp_path, overrides):
+    job = Job(compose_cfg(SMALL + overrides), tmp_path)
+    res = job.run()
+    weights = {k: v.detach().cpu().clone() for k, v in job.final_model().state_dict().items()}
+    return job, res, weights
+
+
+def assert_same_run(a, b, rtol):
+    (_, ra, wa), (_, rb, wb) = a, b
+    assert ra["virtual_time_s"] == rb["virtual_time_s"]
+    net = {k: v for k, v in ra["metrics"].items() if k.startswith(("net/", "compression/", "time/")) and k != "time/wall_s"}
+    assert net == {k: rb["metrics"][k] for k in net}
+    learned = {k: v for k, v in ra["metrics"].items() if k.startswith(("val/", "train/", "test/"))}
+    assert learned and learned == pytest.approx({k: rb["metrics"][k] for k in learned}, rel=rtol, abs=rtol)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        if wa[k].is_floating_point():
+            torch.testing.assert_close(wa[k], wb[k], rtol=rtol, atol=rtol)
+        else:
+            assert torch.equal(wa[k], wb[k]), k
+
+
+@pytest.mark.parametrize(
+    "extra,share",
+    [
+        (["scheduler=fl", "model=vgg5"], 0.6),  # whole-model replicas with BatchNorm, in lockstep (optimizer steps run alone)
+        (["scheduler=pipar", "model=vgg5", "scheduler.P=2", "scheduler.N=2"], 0.1),  # device replicas; the server's one processor serialises its replicas
+        (["scheduler=sfl", "model=lenet", "scheduler.P=1"], 0.0),  # devices fall out of step waiting on the shared server
+    ],
+    ids=["fl-vgg5", "pipar-vgg5", "sfl-lenet"],
+)
+def test_batched_replicas_train_as_one_at_a_time(tmp_path, extra, share):
+    cfg = ["runtime.dtype=float64", *extra]
+    alone = run(tmp_path / "alone", cfg + ["runtime.batch_replicas=false"])
+    batched = run(tmp_path / "batched", cfg + ["runtime.batch_replicas=true"])
+    assert alone[0].runtime.deferred is None
+    d = batched[0].runtime.deferred
+    assert d.batched > share * d.calls  # the share of calls that ran inside a call of several replicas
+    assert_same_run(alone, batched, rtol=1e-10)
+
+
+def test_deferring_alone_changes_no_bit(tmp_path, monkeypatch):
+    """Running each call when its result is first needed, in admission order, is the same
+    program: bit-identical weights and metrics (dropout's random draws included)."""
+    cfg = ["scheduler=fl", "model=har_cnn", "dataset=synthetic_har", "dataset.n_train=384", "runtime.batch_replicas=true"]
+    now = run(tmp_path / "now", cfg[:-1])
+    monkeypatch.setattr(deferred.DeferredCompute, "__init__", lambda self, batch=True: _init(self, batch=False))
+    later = run(tmp_path / "later", cfg)
+    assert later[0].runtime.deferred.calls > 0 and later[0].runtime.deferred.batched == 0
+    assert_same_run(now, later, rtol=0)
+
+
+_init = deferred.DeferredCompute.__init__
+
+
+def test_random_modules_run_alone(tmp_path):
+    """HAR-CNN has dropout: a batched call would draw other random numbers, so its replicas run
+    one at a time and the run equals the unbatched one exactly."""
+    cfg = ["scheduler=fl", "model=har_cnn", "dataset=synthetic_har", "dataset.n_train=384"]
+    alone = run(tmp_path / "alone", cfg)
+    batched = run(tmp_path / "batched", cfg + ["runtime.batch_replicas=true"])
+    assert batched[0].runtime.deferred.batched == 0
+    assert_same_run(alone, batched, rtol=0)
+
+
+def test_bad_torch_device_is_one_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"runtime.torch_device.*choices: cpu, cuda, cuda:<n>"):
+        Job(compose_cfg(SMALL + ["runtime.torch_device=gpu"]), tmp_path)
+    with pytest.raises(ConfigError, match=r"runtime.torch_device.*timing-only"):
+        Job(compose_cfg(SMALL + ["runtime.torch_device=cuda", "runtime.numerics=false"]), tmp_path)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"runtime.torch_device.*choices on this machine: cpu"):
+            Job(compose_cfg(SMALL + ["runtime.torch_device=cuda"]), tmp_path)
+
+
+def test_batching_refuses_measured_time(tmp_path):
+    with pytest.raises(ConfigError, match=r"runtime.batch_replicas.*time_model=measured"):
+        Job(compose_cfg(SMALL + ["scheduler=fl", "runtime.batch_replicas=true", "cluster.device.time_model=measured"]), tmp_path).run()
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("scheduler", ["fl", "pipar", "sfl", "gpipe", "1f1b", "pipedream", "sl"])
+def test_gpu_run_matches_the_cpu_run(tmp_path, scheduler):
+    """Time comes from the device models, not from the GPU: the same virtual time and bytes; the
+    float32 results agree within tolerance (batched replicas on the GPU, one at a time on the CPU)."""
+    cfg = [f"scheduler={scheduler}", "model=vgg5", "train.epochs=1"]
+    on_cpu = run(tmp_path / "cpu", cfg)
+    on_gpu = run(tmp_path / "gpu", cfg + ["runtime.torch_device=cuda"])
+    (_, rc, wc), (_, rg, wg) = on_cpu, on_gpu
+    assert rc["virtual_time_s"] == rg["virtual_time_s"]
+    assert {k: v for k, v in rc["metrics"].items() if k.startswith("net/")} == {k: v for k, v in rg["metrics"].items() if k.startswith("net/")}
+    assert rg["metrics"]["val/acc"] == pytest.approx(rc["metrics"]["val/acc"], abs=0.05)
+    for k in wc:
+        if wc[k].is_floating_point():
+            torch.testing.assert_close(wg[k], wc[k], rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-stage", "middle-stage"])
+def test_shared_graph_backwards_equal_each_replica_alone(first):
+    """Four replicas' forwards as one call; then the backward of one (recomputed alone), and of
+    the other three together through the shared graph: every gradient, input gradient and
+    BatchNorm statistic equals the replica's own forward and backward (float64)."""
+    from framework.models import build_model
+    from framework.stage import Stage
+
+    cfg = compose_cfg(["model=vgg5", "runtime.dtype=float64"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model, (3, 16, 16), 10).to(torch.float64)
+    start, stop = (0, 3) if first else (1, 4)
+
+    def stages():
+        out = []
+        for k in range(4):
+            m = __import__("copy").deepcopy(model)
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.add_(0.01 * k)
+            out.append(Stage(m, start, stop, cfg.train))
+        return out
+
+    g = torch.Generator().manual_seed(1)
+    shape = model.infos[start].in_shape
+    xs = [torch.randn(8, *shape, generator=g, dtype=torch.float64) for _ in range(4)]
+    grads = [torch.randn(8, *model.infos[stop - 1].out_shape, generator=g, dtype=torch.float64) for _ in range(4)]
+    ref, bat = stages(), stages()
+    ref_in = [st.forward(x, 0) for st, x in zip(ref, xs)]
+    ref_dx = [st.backward(0, gr) for st, gr in zip(ref, grads)]
+    from framework import replicas
+
+    outs = replicas.run_forwards([replicas.ForwardRequest(st, x, 0) for st, x in zip(bat, xs)])
+    dx = replicas.run_backwards([replicas.BackwardRequest(bat[2], 0, grads[2])])  # alone: recomputed
+    dx = dx[:0] + replicas.run_backwards([replicas.BackwardRequest(bat[k], 0, grads[k]) for k in (0, 1, 3)]) + dx
+    dx = [dx[0], dx[1], dx[3], dx[2]]
+    for k in range(4):
+        torch.testing.assert_close(outs[k], ref_in[k], rtol=1e-12, atol=1e-12)
+        if first:
+            assert dx[k] is None and ref_dx[k] is None
+        else:
+            torch.testing.assert_close(dx[k], ref_dx[k], rtol=1e-12, atol=1e-12)
+        for (n, p), q in zip(bat[k].module.named_parameters(), ref[k].module.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12, msg=n)
+        for b, c in zip(bat[k].module.buffers(), ref[k].module.buffers()):
+            torch.testing.assert_close(b, c, rtol=1e-12, atol=1e-12)
+        assert not bat[k].inflight
