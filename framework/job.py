@@ -61,7 +61,7 @@ def build_scheduler(cfg, *, role: str | None = None, plan: dict | None = None):
     device = torch_device(cfg.runtime)
     dataset = registry.build("dataset", cfg.dataset).to(dtype, device)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(dtype).to(device)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device, dtype)
     cluster = Cluster(cfg.cluster, model, batch_size=cfg.train.batch_size, seed=cfg.seed, dtype=dtype)
     predictor = registry.build("predictor", cfg.predictor, cluster)
     compressor = registry.build("compressor", cfg.compressor)

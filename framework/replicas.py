@@ -100,7 +100,7 @@ def run_forwards(reqs: list[ForwardRequest]) -> list:
     stages = [r.stage for r in reqs]
     base = stages[0].module
     names = stages[0].param_names
-    buffer_names = [n for n, _ in base.named_buffers()]
+    buffer_names = list(stages[0].buffers)
     with torch.no_grad():
         params = [torch.stack([st.params[n] for st in stages]) for n in names]
         buffers = [torch.stack([st.buffers[n] for st in stages]) for n in buffer_names]
@@ -150,27 +150,20 @@ def run_backwards(reqs: list[BackwardRequest]) -> list:
     slots = [r.stage.release(r.key) for r in reqs]
     graph = slots[0].graph
     idx = [s.index for s in slots]
-    if len(idx) < len(graph.pending) and 2 * len(idx) < len(graph.params[0]):
-        graph.pending.difference_update(idx)
-        out = [_recomputed_backward(r, s) for r, s in zip(reqs, slots)]
-        if not graph.pending:
-            graph.out = graph.x = None  # free the group's graph
-        return out
+    completes = len(idx) == len(graph.pending)
+    graph.pending.difference_update(idx)
+    if not completes and 2 * len(idx) < len(graph.inputs):
+        return [_recomputed_backward(r, s) for r, s in zip(reqs, slots)]
+    seed = torch.zeros_like(graph.out)
     if graph.is_last:
-        seed = torch.zeros_like(graph.out)
         seed[idx] = torch.tensor([s.loss_scale for s in slots], dtype=seed.dtype, device=seed.device)
     else:
-        seed = torch.zeros_like(graph.out)
         seed[idx] = torch.stack([r.grad for r in reqs])
-    graph.pending.difference_update(idx)
     inputs = graph.params + ([] if graph.x is None else [graph.x])
     grads = lean_torch.grad(graph.out, inputs, seed, retain_graph=bool(graph.pending))
     out = []
     for r, i in zip(reqs, idx):
-        for p, g in zip(r.stage.params.values(), grads):
-            if g is None:
-                continue
-            p.grad = g[i] if p.grad is None else p.grad + g[i]
+        r.stage.add_grads([None if g is None else g[i] for g in grads])
         out.append(None if graph.x is None else grads[-1][i])
     return out
 
@@ -180,7 +173,7 @@ def _recomputed_backward(req: BackwardRequest, slot: Slot):
     found them), and its backward; returns its input gradient."""
     g, i, st = slot.graph, slot.index, req.stage
     params = {n: p[i].detach().requires_grad_(True) for n, p in zip(st.param_names, g.params)}
-    buffers = {n: b[i].clone() for (n, _), b in zip(st.module.named_buffers(), g.buffers_before)}  # scratch: statistics stay as they are
+    buffers = {n: b[i].clone() for n, b in zip(st.buffers, g.buffers_before)}  # scratch: statistics stay as they are
     x = g.inputs[i] if g.x is None else g.inputs[i].detach().requires_grad_(True)
     y = torch.func.functional_call(st.module, {**params, **buffers}, (x,))
     if g.is_last:
@@ -190,7 +183,5 @@ def _recomputed_backward(req: BackwardRequest, slot: Slot):
         out, seed = y, req.grad
     inputs = list(params.values()) + ([] if g.x is None else [x])
     grads = lean_torch.grad(out, inputs, seed)
-    for p, gr in zip(st.params.values(), grads):
-        if gr is not None:
-            p.grad = gr if p.grad is None else p.grad + gr
+    st.add_grads(grads)
     return None if g.x is None else grads[-1]

@@ -17,6 +17,8 @@ that byte counts and timing stay exact (timing-only runs).
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from torch import nn
 from torch.func import functional_call
@@ -56,9 +58,17 @@ class Stage:
         self.params = dict(self.module.named_parameters())
         self.param_names = list(self.params)
         self.buffers = dict(self.module.named_buffers())
-        # what a batched call of identical replicas needs to know (framework/replicas.py)
-        self.architecture = replicas.architecture_key(self.module, start, stop)
-        self.draws_random = replicas.draws_random_numbers(self.module)
+
+    # what a batched call of identical replicas needs to know (framework/replicas.py); asked only
+    # when replicas are batched, so building thousands of timing-only stages does not pay for it
+
+    @cached_property
+    def architecture(self) -> tuple:
+        return replicas.architecture_key(self.module, self.start, self.stop)
+
+    @cached_property
+    def draws_random(self) -> bool:
+        return replicas.draws_random_numbers(self.module)
 
     # ---- cost descriptions for the device time model -----------------------------------
 
@@ -140,11 +150,15 @@ class Stage:
             return None if self.is_first else x_in.grad
         inputs = list(snapshot.values()) + ([] if self.is_first else [x_in])
         grads = lean_torch.grad(out, inputs, grad_out)
-        for p, g in zip(self.module.parameters(), grads):
-            if g is None:
-                continue
-            p.grad = g if p.grad is None else p.grad + g
+        self.add_grads(grads)
         return None if self.is_first else grads[-1]
+
+    def add_grads(self, grads) -> None:
+        """Accumulate parameter gradients given in `named_parameters` order (None: no gradient;
+        entries beyond the parameters, such as an input gradient, are ignored)."""
+        for p, g in zip(self.params.values(), grads):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
 
     def step(self) -> None:
         if self.numerics:

@@ -23,14 +23,14 @@ from framework.runtime.base import RoleContext, Runtime, RuntimeHooks
 from framework.runtime.deferred import DeferredCompute
 
 
-def batches_replicas(cfg, cluster: Cluster) -> bool:
+def batches_replicas(cfg, cluster: Cluster, device: torch.device) -> bool:
     """Whether identical replicas' tensor work runs batched (framework/runtime/deferred.py):
-    `runtime.batch_replicas`, by default on where tensor work runs on a GPU."""
+    `runtime.batch_replicas`, by default on where tensor work runs on a GPU (`device`)."""
     if cfg is None:  # a bare runtime (tests, tools): the defaults
         return False
     on = cfg.get("batch_replicas")
     if on is None:
-        on = str(cfg.get("torch_device", "cpu")).startswith("cuda")
+        on = device.type == "cuda"
     if not on or not cfg.numerics:
         return False
     measured = [n for n, d in cluster.devices.items() if d.cfg.time_model == "measured"]
@@ -160,10 +160,10 @@ class SimRuntime(Runtime):
         self._barriers: dict = {}
         self._resume_order: list[str] = []
         self._resume: tuple | None = None  # (bag, desc, epoch) of a checkpoint to continue from
-        self.deferred = DeferredCompute() if batches_replicas(cfg, cluster) else None
         # tensor work may run on a GPU; codecs and their state work on the CPU: messages cross there
         device = torch.device(str(cfg.get("torch_device", "cpu")) if cfg is not None else "cpu")
         self.torch_device = None if device.type == "cpu" else device
+        self.deferred = DeferredCompute() if batches_replicas(cfg, cluster, device) else None
 
     def states(self) -> dict[str, dict]:
         """Every role's state now (they all live in this process; no copies are made)."""
