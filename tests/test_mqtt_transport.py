@@ -209,10 +209,12 @@ def test_a_broker_restart_loses_no_message_and_reports_no_loss(persistence):
             gate.set()
             got = [int.from_bytes(await on_r(r.recv("s", "x", timeout=30)), "little") for _ in range(300)]
             assert got == list(range(1, 301))
-            assert s.stats["reconnects"] >= 1 and r.stats["reconnects"] >= 1
             if not persistence:
                 assert s.stats["resent"] > 0  # what the broker forgot went again
             await asyncio.sleep(4.0)  # past the grace a `lost` waits for the role to come back (2 x 0.5 s + 2 s)
+            # Checked only now: a persistent broker may deliver everything before the sender's
+            # own reconnect completes.
+            assert s.stats["reconnects"] >= 1 and r.stats["reconnects"] >= 1
             assert ("s", "lost") not in seen and ("r", "lost") not in seen, seen
             await s.close()
             assert s._outbox.bytes == 0  # everything acknowledged
