@@ -17,6 +17,9 @@ size, or a fixed number of seconds) into seconds, by one of three time models:
   batches use the processor poorly; pipeline schedules and planners must see that).
   Deterministic once cached.
 - `measured`: the wall time of the real call times `slowdown`. Not deterministic.
+- `table`: a paper's measured per-cut training times of a named real device (Raspberry Pi 4B,
+  Jetson TX2, a server GPU), shipped under `conf/profile_tables/` (framework.profile_tables),
+  times `slowdown`. Deterministic; for the model the table was measured on.
 
 Links
 -----
@@ -46,10 +49,11 @@ from typing import Any
 
 import torch
 
+from framework import profile_tables
 from framework.config import DeviceConfig, LinkConfig
 from framework.errors import ConfigError
 
-TIME_MODELS = ("analytic", "profile", "measured")
+TIME_MODELS = ("analytic", "profile", "measured", "table")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class Device:
             raise ConfigError(f"cluster.devices.{name}.time_model", f"{cfg.time_model!r} is not a time model; choices: {', '.join(TIME_MODELS)}")
         if cfg.time_model == "profile" and profile is None:
             raise ValueError(f"device {name}: the profile time model needs a host profile")
+        self.table = profile_tables.device_table(cfg, name, len(self.infos) if self.infos else None) if cfg.time_model == "table" else None
         self._unit_factor = [self._kind_factor(i) for i in self.infos]
         self._memo: dict[Work, float] = {}
         self.trace = _speed_trace(name, cfg.trace)
@@ -137,6 +142,8 @@ class Device:
             if work.kind == "bwd":
                 flops *= cfg.backward_ratio
             return cfg.slowdown * (flops / cfg.flops_per_s + cfg.call_overhead_s * len(units))
+        if cfg.time_model == "table":
+            return profile_tables.work_seconds(self.table, cfg, work.kind, work.start, work.stop, work.batch)
         if cfg.time_model == "profile":
             if work.kind == "step":
                 return cfg.slowdown * sum(self.profile["step"][i] * self._unit_factor[i] for i in units)

@@ -41,7 +41,7 @@ class DatasetConfig:
 class DeviceConfig:
     """One device's compute model. See framework/cluster.py for the time models."""
 
-    time_model: str = "analytic"  # analytic | profile | measured
+    time_model: str = "analytic"  # analytic | profile | measured | table
     flops_per_s: float = 1.0e9  # analytic: sustained FLOP/s of this device
     slowdown: float = 1.0  # every time model: this device is `slowdown` x slower (than its rate, or the host)
     kind_factors: Dict[str, float] = field(default_factory=dict)  # extra factor per layer kind
@@ -54,6 +54,9 @@ class DeviceConfig:
     # loosely because OmegaConf refuses an int (`[[0, 2]]`) in a List[List[float]]; checked in
     # framework.validate_numbers
     trace: Optional[List[Any]] = None
+    table: Optional[str] = None  # table: a shipped profile table (conf/profile_tables/<name>.yaml)
+    table_device: Optional[str] = None  # table: its column (e.g. pi4b, tx2, rtx2080ti)
+    forward_fraction: float = 0.3333333333333333  # table: the forward's share of a measured iteration
 
 
 @dataclass

@@ -6,7 +6,7 @@ partitionable unit, in the granularity the papers split at.
 """
 
 from framework.registry import declare
-from plugins.models.schemas import HARCNNConfig, LeNetConfig, MLPConfig, MobileNetV2Config, MobileNetV3SmallConfig, ResNet18Config, VGG5Config
+from plugins.models.schemas import HARCNNConfig, LeNetConfig, MLPConfig, MobileNetV2Config, MobileNetV3SmallConfig, ResNet18Config, ResNet50Config, VGG5Config
 
 declare("model", "har_cnn", "plugins.models.har_cnn:har_cnn", schema=HARCNNConfig, doc="HAR CNN (AccEPT): two 1-D convs, max-pool, two dense layers.")
 declare("model", "lenet", "plugins.models.lenet:lenet", schema=LeNetConfig, doc="LeNet-5: conv6-5, conv16-5, fc120, fc84, fc-X.")
@@ -17,4 +17,6 @@ declare("model", "mobilenetv3_small", "plugins.models.mobilenet:mobilenetv3_smal
         doc="MobileNetV3-Small (PiPar): CONV-3-16, 11 bnecks, CONV-1-576, CONV-1-1024, FC-X; 15 units.")
 declare("model", "resnet18", "plugins.models.resnet:resnet18", schema=ResNet18Config,
         doc="ResNet-18 (PiPar): stem, 8 BasicBlocks (64, 64, 128, 128, 256, 256, 512, 512), FC-X.")
+declare("model", "resnet50", "plugins.models.resnet:resnet50", schema=ResNet50Config,
+        doc="ResNet-50 (feature replay): stem, 16 Bottlenecks, average pool, FC-X; 19 units.")
 declare("model", "vgg5", "plugins.models.vgg:vgg5", schema=VGG5Config, doc="VGG-5 (PiPar): three 3x3 convs and two dense layers, 5 units.")

@@ -1,4 +1,5 @@
-"""ResNet-18 (He et al., 2016) as split by PiPar: CONV-7-64, 8 BasicBlocks, FC-X; 10 units."""
+"""ResNets (He et al., 2016): ResNet-18 as split by PiPar (CONV-7-64, 8 BasicBlocks, FC-X; 10 units)
+and ResNet-50 as the feature-replay paper slices it (stem, 16 Bottlenecks, pool, FC-X; 19 units)."""
 
 from __future__ import annotations
 
@@ -55,4 +56,60 @@ def resnet18(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Mo
             units.append((f"layer{stage}.{b}", BasicBlock(cin, cout, stride)))
             cin = cout
     units.append(("fc", nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))))
+    return units
+
+
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (with the stride), 1x1 expand (x4), each with BN; identity or projection shortcut."""
+
+    expansion = 4
+
+    def __init__(self, cin: int, planes: int, stride: int):
+        super().__init__()
+        cout = planes * self.expansion
+        self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.relu2 = nn.ReLU()
+        self.conv3 = nn.Conv2d(planes, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.relu3 = nn.ReLU()
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu1(self.bn1(self.conv1(x)))
+        out = self.relu2(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu3(out + self.shortcut(x))
+
+
+def resnet50(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
+    """ResNet-50 as the feature-replay paper slices it (notes section 3.3): stem, 16 Bottlenecks
+    (3, 4, 6, 3), average pool, FC-X; 19 units. With `small_input` (inputs <= 32x32) the CIFAR
+    stem (3x3 conv, stride 1, BN, ReLU) keeps full resolution, so the features at the cuts have
+    the paper's Table 3 sizes (64x32x32 after the stem, 256x32x32 in layer1, ...). `width`
+    (the paper: 64) scales every stage, for small studies on this machine."""
+    if len(input_shape) != 3:
+        raise ConfigError("model.name", f"resnet50 needs image input (C, H, W), got shape {tuple(input_shape)}")
+    c, h, w = input_shape
+    base = int(cfg.width)
+    if base < 1:
+        raise ConfigError("model.width", f"must be >= 1, got {base}")
+    if cfg.small_input and max(h, w) <= 32:
+        stem = nn.Sequential(nn.Conv2d(c, base, 3, 1, 1, bias=False), nn.BatchNorm2d(base), nn.ReLU())
+    else:
+        stem = nn.Sequential(nn.Conv2d(c, base, 7, 2, 3, bias=False), nn.BatchNorm2d(base), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+    units: list[tuple[str, nn.Module]] = [("stem", stem)]
+    cin = base
+    for stage, (blocks, mult) in enumerate(zip((3, 4, 6, 3), (1, 2, 4, 8)), start=1):
+        for b in range(blocks):
+            stride = 2 if (b == 0 and stage > 1) else 1
+            units.append((f"layer{stage}.{b}", Bottleneck(cin, base * mult, stride)))
+            cin = base * mult * Bottleneck.expansion
+    units.append(("pool", nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())))
+    units.append(("fc", nn.Linear(cin, num_classes)))
     return units

@@ -33,6 +33,13 @@ class ResNet18Config(ModelConfig):
 
 
 @dataclass
+class ResNet50Config(ModelConfig):
+    name: str = "resnet50"
+    small_input: bool = True  # inputs <= 32x32 get the CIFAR stem (3x3, stride 1, no maxpool)
+    width: int = 64  # channels of the stem and of the first stage's bottleneck (64 = ResNet-50)
+
+
+@dataclass
 class HARCNNConfig(ModelConfig):
     name: str = "har_cnn"
     dropout: float = 0.6  # after the second conv, as in the reference code
