@@ -58,6 +58,8 @@ class Stage:
         self.params = dict(self.module.named_parameters())
         self.param_names = list(self.params)
         self.buffers = dict(self.module.named_buffers())
+        self._history: dict = {}  # feature replay: key -> (input, RNG state, weight version)
+        self.peak_history = 0
 
     # what a batched call of identical replicas needs to know (framework/replicas.py); asked only
     # when replicas are batched, so building thousands of timing-only stages does not pay for it
@@ -153,6 +155,50 @@ class Stage:
         self.add_grads(grads)
         return None if self.is_first else grads[-1]
 
+    # ---- feature replay (Huo et al. 2018; Yao et al. 2021, Eq. 3) ---------------------------
+
+    def forward_to_replay(self, x: torch.Tensor, key):
+        """Forward without keeping a graph (the output is sent on); keep only the input, the
+        weight version and, if the slice draws random numbers (dropout), the RNG state, so that
+        `replay(key)` can redo this forward later through the weights of that time."""
+        if key in self._history or key in self._saved:
+            raise RuntimeError(f"stage [{self.start}:{self.stop}) already holds {key!r}")
+        if not self.numerics:
+            self._history[key] = (x, None, self.version)
+            self.peak_history = max(self.peak_history, len(self._history))
+            return torch.empty((x.shape[0], *self.out_shape), device="meta")
+        rng = torch.get_rng_state() if self.draws_random else None
+        with torch.no_grad():
+            y = self.module(x)
+        self._history[key] = (x, rng, self.version)
+        self.peak_history = max(self.peak_history, len(self._history))
+        return y
+
+    def replay(self, key) -> None:
+        """Run `key`'s stored input through the current weights, keeping the graph for
+        `backward(key, grad)`: the gradient that comes back for an old output then updates the
+        weights as they are now (the staleness is counted from the original forward)."""
+        x, rng, version = self._history.pop(key)
+        if rng is not None:
+            now = torch.get_rng_state()
+            torch.set_rng_state(rng)  # the same dropout masks as the forward that was sent
+        try:
+            self.forward(x, key)
+        finally:
+            if rng is not None:
+                torch.set_rng_state(now)
+        entry = self._saved[key]
+        self._saved[key] = (*entry[:3], version)
+
+    def forget(self, key) -> None:
+        """Drop `key`'s stored input without training on it (a discarded stale gradient)."""
+        self._history.pop(key)
+
+    @property
+    def history(self) -> int:
+        """Inputs kept for replay."""
+        return len(self._history)
+
     def add_grads(self, grads) -> None:
         """Accumulate parameter gradients given in `named_parameters` order (None: no gradient;
         entries beyond the parameters, such as an input gradient, are ignored)."""
@@ -173,8 +219,8 @@ class Stage:
         counters into `bag` (framework.checkpoint). Taken between flushes: no activations alive."""
         from framework import checkpoint as ck
 
-        if self._saved:
-            raise ck.CheckpointError(f"stage [{self.start}:{self.stop}) still holds activations of {sorted(map(str, self._saved))}")
+        if self._saved or self._history:
+            raise ck.CheckpointError(f"stage [{self.start}:{self.stop}) still holds activations of {sorted(map(str, [*self._saved, *self._history]))}")
         out = {"bounds": [self.start, self.stop], "version": self.version, "peak_inflight": self.peak_inflight, "staleness": list(self.staleness)}
         if self.numerics:
             if weights:

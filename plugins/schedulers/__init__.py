@@ -2,7 +2,7 @@
 scheduler is built."""
 
 from framework.registry import declare
-from plugins.schedulers.schemas import CollabConfig, FLConfig, GPipeConfig, LocalConfig, OneFOneBConfig, PipeDreamConfig, SFLConfig, SLConfig
+from plugins.schedulers.schemas import CollabConfig, EdgeOnlyConfig, FeatureReplayConfig, FLConfig, JointDNNConfig, GPipeConfig, LocalConfig, OneFOneBConfig, PipeDreamConfig, SFLConfig, SLConfig
 
 declare("scheduler", "1f1b", "plugins.schedulers.classic:OneFOneB", schema=OneFOneBConfig,
         doc="1F1B with a flush (PipeDream-flush / DAPPLE): GPipe's bubble, at most S micro-batches alive.")
@@ -19,3 +19,9 @@ declare("scheduler", "pipedream", "plugins.schedulers.classic:PipeDream", schema
 declare("scheduler", "sfl", "plugins.schedulers.collaborative:SFL", schema=SFLConfig,
         doc="SplitFed: N = 1 at the best split point, server replicas or one shared server model")
 declare("scheduler", "sl", "plugins.schedulers.sl:SL", schema=SLConfig, doc="vanilla split learning: N = 1, one server model, devices train in turn")
+declare("scheduler", "feature_replay", "plugins.schedulers.feature_replay:FeatureReplay", schema=FeatureReplayConfig,
+        doc="context-aware feature replay: edge/cloud 4-module pipeline, stale gradients replayed through current weights (Yao et al. 2021)")
+declare("scheduler", "jointdnn", "plugins.schedulers.feature_replay:JointDNN", schema=JointDNNConfig,
+        doc="JointDNN: the best static edge/cloud cut, trained serially (feature replay's baseline)")
+declare("scheduler", "edge_only", "plugins.schedulers.feature_replay:EdgeOnly", schema=EdgeOnlyConfig,
+        doc="the whole model trained on the edge device (feature replay's baseline)")

@@ -4,7 +4,7 @@ torch; see framework.registry.declare)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from framework.config import PipelineConfig, SchedulerConfig
 
@@ -65,3 +65,27 @@ class SFLConfig(CollabConfig):
 @dataclass
 class SLConfig(CollabConfig):
     name: str = "sl"
+
+
+@dataclass
+class FeatureReplayConfig(SchedulerConfig):
+    name: str = "feature_replay"
+    K: Optional[int] = 5  # staleness bound t - t' <= K; null = unbounded (the full pipeline, Eq. 11)
+    K_schedule: List[List[Any]] = field(default_factory=list)  # [[epoch, K], ...]: from that epoch on (e.g. [[8, 5]] after K=4)
+    staleness_policy: str = "block"  # block (the official code) | fixed (gradient of t-K after forward t: timing-independent) | group (Eq. 12) | discard
+    cut: Optional[int] = None  # units on the edge (1..L; L = edge-only); null = the decision engine's choice (Alg. 2)
+    edge_device: str = "dev0"
+    cloud_device: str = "cloud"
+    price_replay: bool = True  # charge the replay's forward (the paper's T1); false: the official cost model's T1 (profile + compression)
+    include_edge_only: bool = True  # the engine may choose edge-only (the code, section 6.3; section 4.5 excludes it)
+
+
+@dataclass
+class JointDNNConfig(FeatureReplayConfig):
+    name: str = "jointdnn"
+    K: Optional[int] = 0
+
+
+@dataclass
+class EdgeOnlyConfig(FeatureReplayConfig):
+    name: str = "edge_only"
