@@ -228,6 +228,8 @@ class Compressor:
         d = self.directions.get(tag)
         if d is None or d.codec is None or self.time_cfg.model == "none":
             return 0.0
+        if not any(t.is_floating_point() for t in tensors.values()):
+            return 0.0  # labels, indices and control values travel raw: nothing is coded
         if self.time_cfg.model == "measured":
             s = wall_s * self.time_cfg.scale
         else:

@@ -57,11 +57,11 @@ def test_pi_resnet50_pipeline_runs_the_cost_models_times(tmp_path):
 def test_edge_only_and_jointdnn_baselines(tmp_path):
     edge, t_edge = run(tmp_path, PI + ["scheduler=edge_only"], "edge")
     assert t_edge == pytest.approx(100 * 48.47)  # the Pi's measured whole-model iteration
-    assert not any(link["bytes"] for link in summary(edge).get("links", {}).values())  # nothing leaves the device
+    assert sum(link["bytes"] for link in summary(edge).get("links", {}).values()) < 200  # only the epoch's end marker
     joint, t_joint = run(tmp_path, PI + ["scheduler=jointdnn", "scheduler.cut=null"], "joint")
     plan = joint.scheduler.plan()
     assert plan["cut_chosen_by"] == "engine" and plan["cut"] == 1  # the Pi offloads right after the stem
-    assert t_joint == pytest.approx(plan["predicted_epoch_s"]["serial_eq10"], rel=1e-6)
+    assert t_joint == pytest.approx(plan["predicted_epoch_s"]["serial_eq10"], rel=1e-4)  # + the stamps and markers
     fr, t_fr = run(tmp_path, PI, "fr")
     assert 1 - t_fr / t_edge >= 0.976  # the paper's "saving up to 97.6%"
 
@@ -69,7 +69,7 @@ def test_edge_only_and_jointdnn_baselines(tmp_path):
 @pytest.mark.parametrize("policy", ["block", "fixed", "group", "discard"])
 def test_staleness_policies_bound_what_the_edge_applies(tmp_path, policy):
     # a link-bound setting (the fast TX2 edge, a 1 MB/s uplink) keeps many batches in flight
-    over = PI + ["cluster.device.table_device=tx2", "cluster.link.bandwidth_bps=8388608.0", "scheduler.cut=1",
+    over = PI + ["cluster.device.table_device=tx2", "cluster.link.bandwidth_bps=8388608.0", "scheduler.cut=1", "scheduler.adaptive=false",
                  "scheduler.K=3", f"scheduler.staleness_policy={policy}", "train.iterations_per_epoch=40"]
     job, _ = run(tmp_path, over)
     stale = edge_staleness(job)
@@ -153,7 +153,7 @@ def test_edge_and_cloud_on_real_processes_equal_the_simulator(tmp_path):
     """runtime=local over MQTT, K = 5, float64, fixed cut: the same final weights as the simulator.
     The `fixed` policy applies the gradient of batch t - 5 right after forwarding batch t, so which
     weights each replay sees is set by the schedule, not by when messages arrive."""
-    over = SMALL + ["dataset.n_train=480", "scheduler=feature_replay", "scheduler.K=5", "scheduler.cut=2", "scheduler.staleness_policy=fixed",
+    over = SMALL + ["dataset.n_train=480", "scheduler=feature_replay", "scheduler.K=5", "scheduler.cut=2", "scheduler.adaptive=false", "scheduler.staleness_policy=fixed",
                     "compressor=minmax_ef", "train.epochs=2"]
     sim = Job(compose_cfg(over), tmp_path / "sim")
     init = {k: v.clone() for k, v in sim.model.state_dict().items()}
@@ -165,3 +165,56 @@ def test_edge_and_cloud_on_real_processes_equal_the_simulator(tmp_path):
     assert max(float((a[k] - init[k]).abs().max()) for k in a) > 1e-3
     assert real.history["val/acc"] == pytest.approx(sim.history["val/acc"], abs=1e-12)
     assert real.runtime.role_stats["edge"]["staleness"] == sim.runtime.role_stats["edge"]["staleness"]
+
+
+def adaptive_job(tmp_path, name, up_trace, down_trace, extra=()):
+    cfg = compose_cfg(["experiment=feature_replay_adaptive", "train.iterations_per_epoch=80", *extra])
+    cfg.cluster.link.trace = up_trace
+    cfg.cluster.links["cloud->dev0"].trace = down_trace
+    job = Job(cfg, tmp_path / name)
+    job.run()
+    return job, summary(job)["feature_replay"]
+
+
+def test_a_sustained_bandwidth_drop_moves_the_cut_and_a_dip_does_not(tmp_path):
+    """AC-6: 12.5/25 MB/s, then 0.5/1 MB/s for two minutes: the engine moves the TX2 to edge-only
+    (each move after the history queue emptied) and back once the links recover; a drop as long
+    as one iteration moves nothing (moving 90 MB of weights would cost far more than it saves)."""
+    MB = 1 << 20
+    job, fr = adaptive_job(tmp_path, "step", [[0, 12.5 * 8 * MB], [10, 0.5 * 8 * MB], [130, 12.5 * 8 * MB]], [[0, 25 * 8 * MB], [10, 8 * MB], [130, 25 * 8 * MB]])
+    moves = [(m["from"], m["to"]) for m in fr["migrations"]]
+    assert moves == [(1, 19), (19, 1)], fr["migrations"]
+    down, back = fr["migrations"]
+    assert 10 < down["time_s"] < 130 and back["time_s"] > 130
+    assert down["rate_up_Bps"] < 12.5 * MB / 2  # it saw the drop
+    assert fr["final_cut"] == 1
+    assert fr["measured_rates_Bps"]["up"] == pytest.approx(12.5 * MB, rel=1e-3)  # exact on a link without latency
+    assert fr["measured_rates_Bps"]["down"] == pytest.approx(25 * MB, rel=1e-3)
+    # a dip of about one iteration (0.3 s)
+    job, fr = adaptive_job(tmp_path, "dip", [[0, 12.5 * 8 * MB], [10, 0.5 * 8 * MB], [10.3, 12.5 * 8 * MB]], [[0, 25 * 8 * MB], [10, 8 * MB], [10.3, 25 * 8 * MB]])
+    assert fr["migrations"] == []
+
+
+@pytest.mark.parametrize("start, end", [(1, 5), (5, 1), (2, 4), (4, 2)])
+def test_a_migration_moves_the_weights_between_the_roles_as_messages(tmp_path, monkeypatch, start, end):
+    """A forced migration with numerics: each role trains its own copy of the model, so the moved
+    blocks must arrive as messages; the result equals a run where both roles share one model
+    object (nothing needs to move there) to 1e-12, and the moved weights' bytes crossed the link."""
+    from plugins.schedulers import feature_replay_roles as roles
+
+    def forced(self):
+        return end if self.it == 3 else self.cut
+
+    monkeypatch.setattr(roles.EdgeRole, "preferred_cut", forced)
+    over = SMALL + ["scheduler=feature_replay", f"scheduler.cut={start}", "scheduler.K=1", "scheduler.staleness_policy=fixed", "train.epochs=1", "dataset.n_train=144"]
+    job = Job(compose_cfg(over), tmp_path / "own")
+    job.run()
+    fr = summary(job)["feature_replay"]
+    assert [(m["from"], m["to"]) for m in fr["migrations"]] == [(start, end)] and fr["final_cut"] == end
+    link = summary(job)["links"]["server->dev0" if end > start else "dev0->server"]
+    assert link["bytes"] >= sum(i.params for i in job.model.infos[min(start, end):max(start, end)]) * 8
+    monkeypatch.setattr(roles, "own_model", lambda ctx: ctx.model)
+    shared = Job(compose_cfg(over), tmp_path / "shared")
+    shared.run()
+    a, b = job.final_model().state_dict(), shared.final_model().state_dict()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-12

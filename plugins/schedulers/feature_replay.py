@@ -41,12 +41,10 @@ import collections
 
 import torch
 
-from framework import checkpoint as ck
 from framework import repartition as rp
 from framework.cluster import Work
 from framework.errors import ConfigError
 from framework.scheduler import Role, Scheduler
-from framework.stage import Stage
 from plugins.schedulers import feature_replay_cost as cost
 from plugins.schedulers.schemas import EdgeOnlyConfig, FeatureReplayConfig, JointDNNConfig  # noqa: F401  (registry.declare)
 
@@ -113,7 +111,7 @@ class FeatureReplay(Scheduler):
         edge, cloud = ctx.cluster.device(self.edge_device), ctx.cluster.device(self.cloud_device)
         if cut == self.L:
             t1 = sum(edge.time(Work(k, 0, self.L, B)) for k in ("fwd", "bwd")) + edge.time(Work("step", 0, self.L))
-            return {"T1": t1, "T2": 0.0, "T3": 0.0, "T4": 0.0}
+            return {"T1": t1, "T2": 0.0, "T3": 0.0, "T4": 0.0, "encode_s": 0.0}
         fwd, bwd = edge.time(Work("fwd", 0, cut, B)), edge.time(Work("bwd", 0, cut, B))
         comp = ctx.new_compressor()
         feature = {"x": torch.empty((B, *ctx.model.infos[cut - 1].out_shape), device="meta"), "y": torch.empty((B,), dtype=torch.int64, device="meta")}
@@ -126,40 +124,41 @@ class FeatureReplay(Scheduler):
         t1 = fwd + (fwd if self.cfg.price_replay else 0.0) + bwd + edge.time(Work("step", 0, cut)) + enc
         t3 = dec + sum(cloud.time(Work(k, cut, self.L, B)) for k in ("fwd", "bwd")) + cloud.time(Work("step", cut, self.L))
         return {"T1": t1, "T2": up.tx_time(up_bytes, 0.0) + up.cfg.latency_s, "T3": t3, "T4": down.tx_time(down_bytes, 0.0) + down.cfg.latency_s,
-                "uplink_bytes": up_bytes, "downlink_bytes": down_bytes}
+                "uplink_bytes": up_bytes, "downlink_bytes": down_bytes, "encode_s": enc}
 
-    def cut_profile(self) -> cost.CutProfile:
-        """The engine's view of every cut at the run's uplink bit width (from module_times)."""
+    def _profile_rows(self) -> dict:
+        """Every cut's module times and packet sizes (JSON, shipped in the plan: the edge's
+        online engine and its bandwidth estimates read them)."""
         itemsize = 8 if self.ctx.cfg.runtime.dtype == "float64" else 4
         rows = [self.module_times(c) for c in range(1, self.L + 1)]
-        bits = self._uplink_bits()
-        up, down = self._rates()
-        return cost.CutProfile(
-            edge_s=[r["T1"] for r in rows],  # compression is inside T1 already
-            cloud_s=[r["T3"] for r in rows],
-            feature_bytes=[r["downlink_bytes"] for r in rows[:-1]],  # the fp32 feature's packet
-            compress_s=lambda c, b: 0.0,
-            block_bytes=[i.params * itemsize for i in self.ctx.model.infos],
-            min_bits=None,
-        ), bits, up, down
+        return {
+            "edge_s": [r["T1"] for r in rows],  # compression included (at the run's bit width)
+            "cloud_s": [r["T3"] for r in rows],
+            "uplink_bytes": [r.get("uplink_bytes", 0) for r in rows],
+            "downlink_bytes": [r.get("downlink_bytes", 0) for r in rows],  # the fp32 feature's gradient packet
+            "encode_s": [r["encode_s"] for r in rows],
+            "block_bytes": [i.params * itemsize for i in self.ctx.model.infos],
+        }
 
     def _make_plan(self) -> dict:
         tau = self.ctx.iterations_per_epoch()
         K = self.K_at(0)
+        bits = self._uplink_bits()
+        prof = self._profile_rows()
+        up, down = self._rates()
         chosen = "fixed"
         decision = None
         if self.default_cut() is None:
-            profile, bits, up, down = self.cut_profile()
             # the uplink's bit width is the compressor's; the engine picks the cut (Alg. 2 with
             # one width); K = 0 makes it JointDNN's argmin of the serial cost (Eq. 10)
-            start = cost.Deployment(self.L, 32) if self.cfg.include_edge_only else cost.Deployment(1, bits)
-            decision = cost.decide(profile, start, K, up, down, tau, bits_candidates=(bits,), include_edge_only=bool(self.cfg.include_edge_only))
+            start = cost.Deployment(self.L, 32) if self.cfg.include_edge_only else cost.Deployment(1, 32)
+            decision = cost.decide(engine_profile(prof), start, K, up, down, tau, bits_candidates=(32,), include_edge_only=bool(self.cfg.include_edge_only))
             cut, chosen = decision.deployment.cut, "engine"
         else:
             cut = int(self.default_cut())
         T = self.module_times(cut)
         mods = [T["T1"], T["T2"], T["T3"], T["T4"]]
-        edge_only = self.module_times(self.L)["T1"] * tau
+        edge_only = prof["edge_s"][-1] * tau
         if cut == self.L:
             serial = grouped = edge_only
         else:
@@ -168,17 +167,29 @@ class FeatureReplay(Scheduler):
             "scheduler": self.cfg.name,
             "cut": cut,
             "cut_chosen_by": chosen,
+            "adaptive": self.adaptive,
             "edge": {"role": "edge", "device": self.edge_device, "units": [0, cut], "unit_names": self.ctx.model.unit_names[:cut]},
             "cloud": {"role": "cloud", "device": self.cloud_device, "units": [cut, self.L], "unit_names": self.ctx.model.unit_names[cut:]},
-            "uplink_bits": self._uplink_bits(),
+            "uplink_bits": bits,
             "K": K,
             "staleness_policy": self.cfg.staleness_policy,
             "module_times_s": {k: v for k, v in T.items() if k.startswith("T")},
             "iterations_per_epoch": tau,
             "predicted_epoch_s": {"serial_eq10": serial, "grouped_eq12": grouped, "edge_only": edge_only},
             "predicted_iter_s": grouped / tau,
-            "candidates": [{"cut": c, "bits": b, "cost_s": v} for c, b, v in decision.candidates] if decision else [],
+            "link_bytes_per_s": {"up": up, "down": down},
+            "candidates": [{"cut": c, "cost_s": v} for c, _, v in decision.candidates] if decision else [],
+            "profile": prof,
         }
+
+    @staticmethod
+    def engine_profile(prof: dict) -> cost.CutProfile:
+        return engine_profile(prof)
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the edge re-decides the cut online (feature_replay with K > 0, as the code)."""
+        return bool(self.cfg.adaptive) and type(self) is FeatureReplay
 
     def plan(self) -> dict:
         return self._plan
@@ -189,6 +200,8 @@ class FeatureReplay(Scheduler):
         return {"edge": self.edge_device, "cloud": self.cloud_device}
 
     def build_role(self, role: str) -> Role:
+        from plugins.schedulers.feature_replay_roles import CloudRole, EdgeRole
+
         if role == "edge":
             return EdgeRole(self)
         if role == "cloud":
@@ -216,151 +229,20 @@ class FeatureReplay(Scheduler):
             "cut": pl["cut"], "K": pl["K"], "policy": pl["staleness_policy"], "uplink_bits": pl["uplink_bits"],
             "discarded_gradients": edge.get("discarded", 0), "peak_history": edge.get("peak_history", 0),
             "measured_epoch_s": total / epochs, "predicted_epoch_s": pl["predicted_epoch_s"],
+            "migrations": edge.get("migrations", []), "final_cut": edge.get("cut", pl["cut"]),
+            "measured_rates_Bps": edge.get("rates"), "tau": edge.get("tau"),
         }
-        out["metrics"].update({"plan/predicted_epoch_s": pl["predicted_epoch_s"]["grouped_eq12"], "replay/discarded": edge.get("discarded", 0), "replay/peak_history": edge.get("peak_history", 0)})
+        out["metrics"].update({"plan/predicted_epoch_s": pl["predicted_epoch_s"]["grouped_eq12"], "replay/discarded": edge.get("discarded", 0), "replay/peak_history": edge.get("peak_history", 0),
+                               "replay/migrations": len(edge.get("migrations", []))})
         return out
 
 
-class _Side(Role):
-    def __init__(self, sched: FeatureReplay, role: str, start: int, stop: int):
-        self.sched = sched
-        self.name = role
-        self.device = sched.edge_device if role == "edge" else sched.cloud_device
-        ctx = sched.ctx
-        self.stage = Stage(ctx.model, start, stop, ctx.cfg.train, numerics=ctx.numerics) if stop > start else None
-        self.it = 0  # batches this role has handled, over all epochs (the messages' iteration ids)
-
-    def state(self) -> dict:
-        st = self.stage
-        return rp.pack_units(self.sched.ctx.model, None, list(range(st.start, st.stop)), True) if st is not None and self.sched.ctx.numerics else {}
-
-    def checkpoint(self, bag, prefix: str) -> dict:
-        return {"it": self.it, "stage": self.stage.checkpoint(bag, f"{prefix}.stage") if self.stage is not None else None}
-
-    def restore(self, bag, desc: dict) -> None:
-        self.it = int(desc["it"])
-        if self.stage is not None:
-            self.stage.restore(bag, desc["stage"])
-
-
-class EdgeRole(_Side):
-    """P1 (and the sender of P2): forwards, the history queue, replays."""
-
-    def __init__(self, sched: FeatureReplay):
-        super().__init__(sched, "edge", 0, sched.cut)
-        self.inflight: collections.deque[int] = collections.deque()  # sent, gradient not applied yet
-        self.last_applied = -1
-        self.discarded = 0
-        self.K: int | None = sched.K_at(0)
-
-    def stats(self) -> dict:
-        return {"staleness": list(self.stage.staleness), "peak_history": self.stage.peak_history, "discarded": self.discarded}
-
-    def checkpoint(self, bag, prefix: str) -> dict:
-        return {**super().checkpoint(bag, prefix), "last_applied": self.last_applied, "discarded": self.discarded}
-
-    def restore(self, bag, desc: dict) -> None:
-        super().restore(bag, desc)
-        self.last_applied, self.discarded = int(desc["last_applied"]), int(desc["discarded"])
-
-    async def run(self, ctx) -> None:
-        s = self.sched
-        numerics = s.ctx.numerics
-        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
-            if s.cut == s.L:
-                await self.train_alone(ctx, epoch)
-                await ctx.end_epoch(epoch)
-                continue
-            K = self.K = s.K_at(epoch)
-            batches = s.ctx.train_batches(epoch)
-            for i, (x, y) in enumerate(batches):
-                t = self.it
-                h = await ctx.compute(self.stage.fwd_work(len(x)), self.stage.forward_to_replay, x, t, iteration=t)
-                ctx.send("cloud", "act", {"x": h, "y": y if numerics else torch.empty(y.shape, dtype=y.dtype, device="meta")}, iteration=t)
-                self.inflight.append(t)
-                self.it += 1
-                await self.keep_bound(ctx, t, K, group_end=K is not None and ((i + 1) % (K + 1) == 0))
-            while self.inflight:  # the epoch's flush
-                await self.apply_next(ctx, t)
-            await ctx.end_epoch(epoch)
-
-    async def keep_bound(self, ctx, t: int, K: int | None, group_end: bool) -> None:
-        policy = self.sched.cfg.staleness_policy
-        if policy == "fixed":
-            while self.inflight and K is not None and self.inflight[0] <= t - K:
-                await self.apply_next(ctx, t)
-            return
-        while self.inflight and await self.apply_next(ctx, t, wait=False):  # what has come back
-            pass
-        if K is None:
-            return
-        if policy == "block":
-            while t - self.last_applied > K:
-                await self.apply_next(ctx, t)
-        elif policy == "group" and group_end:
-            while self.inflight:
-                await self.apply_next(ctx, t)
-        elif policy == "discard":
-            while len(self.inflight) >= 2 * (K + 1):
-                await self.apply_next(ctx, t)
-
-    async def apply_next(self, ctx, t: int, wait: bool = True) -> bool:
-        """Take the oldest batch's gradient (False if `wait` is off and it has not come back),
-        replay that batch through the current weights, backpropagate, step (Eq. 3)."""
-        g = await ctx.recv("cloud", "grad", timeout=None if wait else 0.0)
-        if g is None:
-            return False
-        st = self.stage
-        old = self.inflight.popleft()
-        self.last_applied = old
-        if self.sched.cfg.staleness_policy == "discard" and self.K is not None and t - old > self.K:
-            st.forget(old)
-            self.discarded += 1
-            return True
-        replay_work = st.fwd_work(self.sched.ctx.cfg.train.batch_size) if self.sched.cfg.price_replay else Work("replay", seconds=0.0)
-        await ctx.compute(replay_work, st.replay, old, iteration=old)
-        await ctx.compute(st.bwd_work(self.sched.ctx.cfg.train.batch_size), st.backward, old, g, iteration=old)
-        await ctx.compute(st.step_work(), st.step, iteration=old)
-        return True
-
-    async def train_alone(self, ctx, epoch: int) -> None:
-        """Edge-only: the whole model, local training, nothing sent."""
-        st = self.stage
-        for x, y in self.sched.ctx.train_batches(epoch):
-            t = self.it
-            out = await ctx.compute(st.fwd_work(len(x)), st.forward, x, t, y, 1.0 / len(y), iteration=t)
-            if self.sched.ctx.numerics:
-                ctx.report_train(*out)
-            await ctx.compute(st.bwd_work(len(x)), st.backward, t, iteration=t)
-            await ctx.compute(st.step_work(), st.step, iteration=t)
-            self.it += 1
-            ctx.iteration_done(epoch, self.it, len(y))
-
-
-class CloudRole(_Side):
-    """P3 (and the sender of P4): trains on each fresh feature, returns its gradient."""
-
-    def __init__(self, sched: FeatureReplay):
-        super().__init__(sched, "cloud", sched.cut, sched.L)
-
-    async def run(self, ctx) -> None:
-        s = self.sched
-        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
-            if s.cut < s.L:
-                st = self.stage
-                for _ in range(s.ctx.iterations_per_epoch()):
-                    t = self.it
-                    msg = await ctx.recv("edge", "act")
-                    a, y = msg["x"], msg["y"]
-                    out = await ctx.compute(st.fwd_work(a.shape[0]), st.forward, a, t, y, 1.0 / a.shape[0], iteration=t)
-                    if s.ctx.numerics:
-                        ctx.report_train(*out)
-                    g = await ctx.compute(st.bwd_work(a.shape[0]), st.backward, t, iteration=t)
-                    ctx.send("edge", "grad", g, iteration=t)  # P4 starts as soon as the gradient exists
-                    await ctx.compute(st.step_work(), st.step, iteration=t)
-                    self.it += 1
-                    ctx.iteration_done(epoch, self.it, int(a.shape[0]))
-            await ctx.end_epoch(epoch)
+def engine_profile(prof: dict) -> cost.CutProfile:
+    """The decision engine's CutProfile from the plan's rows: compression is inside edge_s and the
+    uplink bytes are the compressed packet's, so the engine prices transfers at 32 'bits' of
+    those bytes (the run's bit width is the compressor's; switching widths online is not done)."""
+    up = prof["uplink_bytes"]
+    return cost.CutProfile(prof["edge_s"], prof["cloud_s"], up[:-1], lambda c, b: 0.0, prof["block_bytes"], down_bytes=prof["downlink_bytes"][:-1])
 
 
 class JointDNN(FeatureReplay):

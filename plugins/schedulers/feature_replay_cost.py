@@ -81,7 +81,8 @@ class CutProfile:
     - `feature_bytes[l-1]`: the fp32 feature crossing cut l (and its gradient), l < L;
     - `compress_s(l, bits)`: edge seconds to compress that feature to `bits` (0 at 32);
     - `block_bytes[i-1]`: the weights of block i (for migrations);
-    - `min_bits[l-1]`: the fewest bits cut l tolerates (offline calibration), default 1.
+    - `min_bits[l-1]`: the fewest bits cut l tolerates (offline calibration), default 1;
+    - `down_bytes[l-1]`: the gradient's bytes, when they are not the fp32 feature's.
     """
 
     edge_s: Sequence[float]
@@ -90,6 +91,7 @@ class CutProfile:
     compress_s: Callable[[int, int], float]
     block_bytes: Sequence[float]
     min_bits: Sequence[int] | None = None
+    down_bytes: Sequence[float] | None = None  # the gradient's bytes if not the fp32 feature's
 
     @property
     def units(self) -> int:
@@ -98,8 +100,9 @@ class CutProfile:
     def module_times(self, cut: int, bits: int, r_up: float, r_down: float) -> tuple[float, float, float, float]:
         """(T1, T2, T3, T4) of a deployment: compressed uplink, fp32 downlink (Eq. 9)."""
         size = self.feature_bytes[cut - 1]
+        down = self.down_bytes[cut - 1] if self.down_bytes is not None else size
         t1 = self.edge_s[cut - 1] + (self.compress_s(cut, bits) if bits < 32 else 0.0)
-        return (t1, size * bits / 32.0 / r_up, self.cloud_s[cut - 1], size / r_down)
+        return (t1, size * bits / 32.0 / r_up, self.cloud_s[cut - 1], down / r_down)
 
 
 @dataclass(frozen=True)

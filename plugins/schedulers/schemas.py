@@ -78,6 +78,9 @@ class FeatureReplayConfig(SchedulerConfig):
     cloud_device: str = "cloud"
     price_replay: bool = True  # charge the replay's forward (the paper's T1); false: the official cost model's T1 (profile + compression)
     include_edge_only: bool = True  # the engine may choose edge-only (the code, section 6.3; section 4.5 excludes it)
+    adaptive: bool = True  # the edge re-runs the engine every iteration on measured bandwidths and migrates the cut (Alg. 2)
+    tau_beta: float = 0.8  # Eq. 14's EWMA (the code's value); tau starts at the iterations per epoch
+    rate_beta: float = 0.8  # EWMA of the measured link rates (the notes' proposal; the code does not smooth)
 
 
 @dataclass
