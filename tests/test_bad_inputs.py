@@ -35,7 +35,7 @@ MQTT = ["runtime=local", "transport=mqtt"]
 BAD_INPUTS = [
     # ---- override syntax (Hydra's parser) ----
     (["=3"], ["=3", "needs a key", "train.lr=0.1"]),
-    (["scheduler=["], ["scheduler=[", "cannot read", "key=[a,b]", "gpipe, local"]),
+    (["scheduler=["], ["scheduler=[", "cannot read", "key=[a,b]", "gpipe, jointdnn, local"]),
     (["train.lr", "0.1"], ["'train.lr' is not an override", "key=value", "no spaces"]),
     (["model=lenet,mlp"], ["model=lenet,mlp", "sweep", "-m"]),
     (["train.lr=0.1,0.01"], ["train.lr=0.1,0.01", "-m", "train.lr=[0.1,0.01]"]),
@@ -125,6 +125,11 @@ BAD_INPUTS = [
     ([*PIPAR, "scheduler.shard=dirichlet", "scheduler.dirichlet_alpha=-1"], ["scheduler.dirichlet_alpha", "> 0", "-1"]),
     ([*PIPAR, "scheduler.N=0"], ["scheduler.N", "1..train.batch_size=64", "got 0"]),
     ([*PIPAR, "scheduler.P=99"], ["scheduler.P", "1..5", "got 99"]),
+    (["experiment=feature_replay_pi", "scheduler.staleness_policy=lazy"], ["scheduler.staleness_policy", "block, fixed, group, discard"]),
+    (["experiment=feature_replay_pi", "scheduler.cut=40"], ["scheduler.cut", "1..19", "got 40"]),
+    (["experiment=feature_replay_pi", "cluster.device.table_device=jetson"], ["cluster.devices.dev0.table_device", "pi4b, tx2, rtx2080ti"]),
+    (["experiment=feature_replay_pi", "model=vgg5"], ["cluster.devices.dev0.table", "19-unit resnet50", "5 units"]),
+    (["scheduler=feature_replay", "scheduler.cloud_device=gpu"], ["scheduler.cloud_device", "no device 'gpu'", "server"]),
     ([*PIPAR, "scheduler.select=fast"], ["scheduler.select", "'fast'", "auto, exhaustive, refine"]),
     ([*PIPAR, "scheduler.microbatches=4"], ["scheduler.microbatches", "scheduler.N", "leave microbatches at 1"]),
     ([*PIPAR, "scheduler.dp_sigma=nan"], ["scheduler.dp_sigma", "finite", "nan"]),

@@ -17,7 +17,7 @@ from tests.conftest import compose_cfg
 
 PI = ["experiment=feature_replay_pi"]
 SMALL = ["model=vgg5", "model.batchnorm=false", "dataset=synthetic_mnist", "dataset.n_train=240", "train.batch_size=24",
-         "scheduler.cloud_device=server", "runtime.dtype=float64"]
+         "runtime.dtype=float64"]
 
 
 def run(tmp_path, overrides, name="run"):
@@ -98,6 +98,7 @@ def test_k0_replay_is_exact_backprop(tmp_path):
     assert set(edge_staleness(fr)) == {0}
 
 
+@pytest.mark.slow
 def test_stale_replay_trains_and_the_uplink_is_compressed_with_error_feedback(tmp_path):
     job, _ = run(tmp_path, SMALL + ["dataset.n_train=1200", "scheduler=feature_replay", "scheduler.K=3", "scheduler.cut=2", "compressor=minmax_ef", "train.epochs=2"])
     assert job.history["val/acc"][-1] > 0.5
@@ -195,7 +196,7 @@ def test_a_sustained_bandwidth_drop_moves_the_cut_and_a_dip_does_not(tmp_path):
     assert fr["migrations"] == []
 
 
-@pytest.mark.parametrize("start, end", [(1, 5), (5, 1), (2, 4), (4, 2)])
+@pytest.mark.parametrize("start, end", [(1, 5), pytest.param(5, 1, marks=pytest.mark.slow), pytest.param(2, 4, marks=pytest.mark.slow), (4, 2)])
 def test_a_migration_moves_the_weights_between_the_roles_as_messages(tmp_path, monkeypatch, start, end):
     """A forced migration with numerics: each role trains its own copy of the model, so the moved
     blocks must arrive as messages; the result equals a run where both roles share one model
@@ -218,3 +219,11 @@ def test_a_migration_moves_the_weights_between_the_roles_as_messages(tmp_path, m
     shared.run()
     a, b = job.final_model().state_dict(), shared.final_model().state_dict()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-12
+
+
+def test_drift_meter_reports_the_weight_change_over_k_updates_per_epoch(tmp_path):
+    job, _ = run(tmp_path, SMALL + ["scheduler=feature_replay", "scheduler.K=2", "scheduler.cut=2", "scheduler.drift_lags=[1,2,3]", "train.epochs=2"])
+    d = summary(job)["feature_replay"]["drift_std"]
+    assert set(d) == {"1", "2", "3"} and all(len(v) == 2 for v in d.values())
+    for e in range(2):  # SGD steps add up: more steps apart, farther apart
+        assert 0 < d["1"][e] < d["2"][e] < d["3"][e]

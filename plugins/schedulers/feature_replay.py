@@ -55,7 +55,10 @@ class FeatureReplay(Scheduler):
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
         self.L = len(ctx.model)
-        self.edge_device, self.cloud_device = str(cfg.edge_device), str(cfg.cloud_device)
+        devices = ctx.cluster.devices
+        self.edge_device = str(cfg.edge_device)
+        # null: the cluster's `cloud`, else its `server` (the collaborative clusters' edge server)
+        self.cloud_device = str(cfg.cloud_device) if cfg.cloud_device else ("cloud" if "cloud" in devices or "server" not in devices else "server")
         self._check_config()
         self._plan = ctx.plan if ctx.plan is not None else self._make_plan()
         self.cut = int(self._plan["cut"])
@@ -230,7 +233,7 @@ class FeatureReplay(Scheduler):
             "discarded_gradients": edge.get("discarded", 0), "peak_history": edge.get("peak_history", 0),
             "measured_epoch_s": total / epochs, "predicted_epoch_s": pl["predicted_epoch_s"],
             "migrations": edge.get("migrations", []), "final_cut": edge.get("cut", pl["cut"]),
-            "measured_rates_Bps": edge.get("rates"), "tau": edge.get("tau"),
+            "measured_rates_Bps": edge.get("rates"), "tau": edge.get("tau"), "drift_std": edge.get("drift_std", {}),
         }
         out["metrics"].update({"plan/predicted_epoch_s": pl["predicted_epoch_s"]["grouped_eq12"], "replay/discarded": edge.get("discarded", 0), "replay/peak_history": edge.get("peak_history", 0),
                                "replay/migrations": len(edge.get("migrations", []))})

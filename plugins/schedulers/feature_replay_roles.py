@@ -141,6 +141,39 @@ class RateMeter:
         self.last_edge_recv = edge_recv
 
 
+class DriftMeter:
+    """The std of w^t - w^{t-k} over the edge's weights and the updates t of an epoch, per lag k
+    (the paper's Fig. 4 evidence for choosing K: `scheduler.drift_lags: [4, 5, 6]`)."""
+
+    def __init__(self, lags: list[int]):
+        self.lags = sorted({int(k) for k in lags})
+        self.per_epoch: dict[str, list[float]] = {str(k): [] for k in self.lags}
+        self.buf: collections.deque = collections.deque(maxlen=(max(self.lags) + 1) if self.lags else 1)
+        self.sums: dict[int, list[float]] = {}
+
+    def new_epoch(self) -> None:
+        self.buf.clear()
+        self.sums = {k: [0.0, 0.0, 0] for k in self.lags}
+
+    def after_step(self, stage) -> None:
+        if not self.lags or stage is None:
+            return
+        w = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in stage.module.parameters()])
+        self.buf.append(w)
+        for k in self.lags:
+            if len(self.buf) > k:
+                d = w - self.buf[-1 - k]
+                acc = self.sums[k]
+                acc[0] += float(d.sum())
+                acc[1] += float((d * d).sum())
+                acc[2] += d.numel()
+
+    def end_epoch(self) -> None:
+        for k in self.lags:
+            s, s2, n = self.sums.get(k, (0.0, 0.0, 0))
+            self.per_epoch[str(k)].append(max(0.0, s2 / n - (s / n) ** 2) ** 0.5 if n else float("nan"))
+
+
 class EdgeRole(_Side):
     """P1 (and the sender of P2): forwards, the history queue, replays, the decision engine."""
 
@@ -157,12 +190,13 @@ class EdgeRole(_Side):
         self.tau = cost.TauEstimator(plan["iterations_per_epoch"], float(sched.cfg.tau_beta))
         self.rates = RateMeter(float(sched.cfg.rate_beta))
         self.migrations: list[dict] = []
+        self.drift = DriftMeter(list(sched.cfg.drift_lags or []) if sched.ctx.numerics else [])
         self.decisions: list[dict] = []  # (iteration, rates, tau, preferred cut) at every change of preference
 
     def stats(self) -> dict:
         st = self.stage
         return {"staleness": list(st.staleness) if st else [], "peak_history": st.peak_history if st else 0, "discarded": self.discarded,
-                "migrations": self.migrations, "cut": self.cut, "rates": {"up": self.rates.up, "down": self.rates.down}, "tau": self.tau.tau}
+                "migrations": self.migrations, "cut": self.cut, "drift_std": self.drift.per_epoch, "rates": {"up": self.rates.up, "down": self.rates.down}, "tau": self.tau.tau}
 
     def checkpoint(self, bag, prefix: str) -> dict:
         return {**super().checkpoint(bag, prefix), "last_applied": self.last_applied, "discarded": self.discarded, "migrations": self.migrations,
@@ -184,6 +218,7 @@ class EdgeRole(_Side):
         listener = asyncio.ensure_future(self.listen(ctx))
         for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
             K = self.K = s.K_at(epoch)
+            self.drift.new_epoch()
             for i, (x, y) in enumerate(s.ctx.train_batches(epoch)):
                 t = self.it
                 if self.cut == s.L:
@@ -197,6 +232,7 @@ class EdgeRole(_Side):
             while self.outstanding:  # the epoch's flush (the code's EndTrain); probe replies too
                 await self.apply_next(ctx, self.it - 1)
             ctx.send("cloud", "act", {"end": _int_tensor(epoch)}, iteration=self.it)
+            self.drift.end_epoch()
             await ctx.end_epoch(epoch)
         await listener
 
@@ -271,6 +307,7 @@ class EdgeRole(_Side):
         await ctx.compute(replay_work, st.replay, old, iteration=old)
         await ctx.compute(st.bwd_work(self.B), st.backward, old, g, iteration=old)
         await ctx.compute(st.step_work(), st.step, iteration=old)
+        self.drift.after_step(st)
         return True
 
     async def train_alone(self, ctx, epoch: int, x, y) -> None:
@@ -282,6 +319,7 @@ class EdgeRole(_Side):
             ctx.report_train(*out)
         await ctx.compute(st.bwd_work(len(x)), st.backward, t, iteration=t)
         await ctx.compute(st.step_work(), st.step, iteration=t)
+        self.drift.after_step(st)
         ctx.iteration_done(epoch, t + 1, len(y))
         if self.sched.adaptive and self.K != 0:
             while await self.next_reply(wait=False) is not None:  # replies that have come back

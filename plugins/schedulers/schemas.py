@@ -75,12 +75,13 @@ class FeatureReplayConfig(SchedulerConfig):
     staleness_policy: str = "block"  # block (the official code) | fixed (gradient of t-K after forward t: timing-independent) | group (Eq. 12) | discard
     cut: Optional[int] = None  # units on the edge (1..L; L = edge-only); null = the decision engine's choice (Alg. 2)
     edge_device: str = "dev0"
-    cloud_device: str = "cloud"
+    cloud_device: Optional[str] = None  # null: the cluster's `cloud` device, else its `server`
     price_replay: bool = True  # charge the replay's forward (the paper's T1); false: the official cost model's T1 (profile + compression)
     include_edge_only: bool = True  # the engine may choose edge-only (the code, section 6.3; section 4.5 excludes it)
     adaptive: bool = True  # the edge re-runs the engine every iteration on measured bandwidths and migrates the cut (Alg. 2)
     tau_beta: float = 0.8  # Eq. 14's EWMA (the code's value); tau starts at the iterations per epoch
     rate_beta: float = 0.8  # EWMA of the measured link rates (the notes' proposal; the code does not smooth)
+    drift_lags: List[int] = field(default_factory=list)  # record std(w^t - w^{t-k}) of the edge's weights per epoch for these k (Fig. 4)
 
 
 @dataclass
