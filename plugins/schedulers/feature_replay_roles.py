@@ -361,6 +361,7 @@ class EdgeRole(_Side):
         self.migrations.append({"iteration": t + 1, "time_s": start, "done_s": ctx.now(), "from": old, "to": new_cut,
                                 "rate_up_Bps": self.rates.up, "rate_down_Bps": self.rates.down, "tau": self.tau.tau})
         self.move_cut(new_cut)
+        self.drift.buf.clear()  # other weights from here on: lags restart
 
 
 class CloudRole(_Side):
