@@ -206,7 +206,7 @@ def test_a_migration_moves_the_weights_between_the_roles_as_messages(tmp_path, m
     def forced(self):
         return end if self.it == 3 else self.cut
 
-    monkeypatch.setattr(roles.EdgeRole, "preferred_cut", forced)
+    monkeypatch.setattr(roles.UpstreamRole, "preferred_cut", forced)
     over = SMALL + ["scheduler=feature_replay", f"scheduler.cut={start}", "scheduler.K=1", "scheduler.staleness_policy=fixed", "train.epochs=1", "dataset.n_train=144"]
     job = Job(compose_cfg(over), tmp_path / "own")
     job.run()
@@ -227,3 +227,23 @@ def test_drift_meter_reports_the_weight_change_over_k_updates_per_epoch(tmp_path
     assert set(d) == {"1", "2", "3"} and all(len(v) == 2 for v in d.values())
     for e in range(2):  # SGD steps add up: more steps apart, farther apart
         assert 0 < d["1"][e] < d["2"][e] < d["3"][e]
+
+
+def test_reversed_roles_keep_the_targets_on_the_edge(tmp_path):
+    """upstream=cloud (a generative model's orientation): the cloud holds the first units and
+    replays, the edge the last units and the targets, which it draws itself; at K = 0 the split
+    run equals one device's SGD, so each feature met its own batch's targets."""
+    over = SMALL + ["scheduler=feature_replay", "scheduler.upstream=cloud", "scheduler.cut=2", "scheduler.adaptive=false", "train.epochs=1"]
+    fr, _ = run(tmp_path, over + ["scheduler.K=0"], "k0")
+    local, _ = run(tmp_path, [o for o in SMALL if not o.startswith("scheduler.")] + ["scheduler=local", "scheduler.microbatches=1", "train.epochs=1"], "local")
+    a, b = fr.final_model().state_dict(), local.final_model().state_dict()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-10
+    plan = fr.scheduler.plan()
+    assert plan["cloud"]["units"] == [0, 2] and plan["edge"]["units"] == [2, 5]
+    feature_only = (24 * 16 * 14 * 14) * 8  # float64 activations of the second conv block, no labels
+    link = summary(fr)["links"]["server->dev0"]
+    assert link["bytes"] < link["messages"] * 1.01 * feature_only + 10 * link["messages"] * 64
+    stale, _ = run(tmp_path, over + ["scheduler.K=3"], "k3")
+    assert max(stale.runtime.role_stats["cloud"]["staleness"]) <= 3 and summary(stale)["staleness"]["max"] >= 1
+    with pytest.raises(ConfigError, match="scheduler.adaptive"):
+        Job(compose_cfg(SMALL + ["scheduler=feature_replay", "scheduler.upstream=cloud", "scheduler.cut=2"]), tmp_path / "bad")

@@ -59,6 +59,10 @@ class FeatureReplay(Scheduler):
         self.edge_device = str(cfg.edge_device)
         # null: the cluster's `cloud`, else its `server` (the collaborative clusters' edge server)
         self.cloud_device = str(cfg.cloud_device) if cfg.cloud_device else ("cloud" if "cloud" in devices or "server" not in devices else "server")
+        # the party that holds the inputs and the first units and replays; the cloud for a
+        # generative model, whose ground truth (the targets) stays on the edge (notes 2.9)
+        self.upstream_role = str(cfg.upstream)
+        self.reversed = self.upstream_role == "cloud"
         self._check_config()
         self._plan = ctx.plan if ctx.plan is not None else self._make_plan()
         self.cut = int(self._plan["cut"])
@@ -80,6 +84,13 @@ class FeatureReplay(Scheduler):
                 raise ConfigError(f"scheduler.{key}", f"no device {dev!r}; devices: {', '.join(ctx.cluster.devices)}")
         if self.edge_device == self.cloud_device:
             raise ConfigError("scheduler.cloud_device", f"edge and cloud are both {self.edge_device!r}; they need two devices and a link")
+        if cfg.upstream not in ("edge", "cloud"):
+            raise ConfigError("scheduler.upstream", f"{cfg.upstream!r} is not a party; choices: edge (discriminative models), cloud (generative: the edge keeps the targets)")
+        if self.reversed:
+            if cfg.adaptive or cfg.cut is None:
+                raise ConfigError("scheduler.adaptive" if cfg.adaptive else "scheduler.cut", "with upstream=cloud (a generative model) the cut is fixed: the decision engine places the edge's input-side blocks; set scheduler.cut and scheduler.adaptive=false")
+            if not 1 <= int(cfg.cut) < self.L:
+                raise ConfigError("scheduler.cut", f"with upstream=cloud the cloud holds units 1..cut and the edge the rest: 1..{self.L - 1}, got {cfg.cut}")
         if cfg.cut is not None and not 1 <= int(cfg.cut) <= self.L:
             raise ConfigError("scheduler.cut", f"the edge holds 1..{self.L} of the model's {self.L} units ({self.L}: edge-only), got {cfg.cut}")
 
@@ -104,26 +115,30 @@ class FeatureReplay(Scheduler):
     def _rates(self) -> tuple[float, float]:
         """Bytes per second up and down at the start (the links' configured bandwidths)."""
         cl = self.ctx.cluster
-        up, down = cl.link(self.edge_device, self.cloud_device), cl.link(self.cloud_device, self.edge_device)
+        a, b = (self.cloud_device, self.edge_device) if self.reversed else (self.edge_device, self.cloud_device)
+        up, down = cl.link(a, b), cl.link(b, a)
         return up.bandwidth_at(0.0) / 8.0, down.bandwidth_at(0.0) / 8.0
 
     def module_times(self, cut: int) -> dict:
         """T1..T4 of one steady-state iteration at `cut`, priced as the simulator prices them: the
         devices' time models, the compressor's codec seconds and the packets' real sizes."""
         ctx, B = self.ctx, int(self.ctx.cfg.train.batch_size)
-        edge, cloud = ctx.cluster.device(self.edge_device), ctx.cluster.device(self.cloud_device)
+        up_dev, down_dev = (self.cloud_device, self.edge_device) if self.reversed else (self.edge_device, self.cloud_device)
+        edge, cloud = ctx.cluster.device(up_dev), ctx.cluster.device(down_dev)  # the replaying party, the other
         if cut == self.L:
             t1 = sum(edge.time(Work(k, 0, self.L, B)) for k in ("fwd", "bwd")) + edge.time(Work("step", 0, self.L))
             return {"T1": t1, "T2": 0.0, "T3": 0.0, "T4": 0.0, "encode_s": 0.0}
         fwd, bwd = edge.time(Work("fwd", 0, cut, B)), edge.time(Work("bwd", 0, cut, B))
         comp = ctx.new_compressor()
-        feature = {"x": torch.empty((B, *ctx.model.infos[cut - 1].out_shape), device="meta"), "y": torch.empty((B,), dtype=torch.int64, device="meta")}
+        feature = {"x": torch.empty((B, *ctx.model.infos[cut - 1].out_shape), device="meta")}
+        if not self.reversed:  # labels travel with the feature
+            feature["y"] = torch.empty((B,), dtype=torch.int64, device="meta")
         _, up_bytes, _ = comp.encode(feature, src="edge", dst="cloud", tag=comp.forward_tag)
         _, down_bytes, _ = comp.encode({"x": feature["x"]}, src="cloud", dst="edge", tag=comp.backward_tag)
         enc = comp.codec_seconds("encode", comp.forward_tag, feature, 0.0)
         dec = comp.codec_seconds("decode", comp.forward_tag, feature, 0.0)
-        up = ctx.cluster.link(self.edge_device, self.cloud_device)
-        down = ctx.cluster.link(self.cloud_device, self.edge_device)
+        up = ctx.cluster.link(up_dev, down_dev)  # the feature's way
+        down = ctx.cluster.link(down_dev, up_dev)
         t1 = fwd + (fwd if self.cfg.price_replay else 0.0) + bwd + edge.time(Work("step", 0, cut)) + enc
         t3 = dec + sum(cloud.time(Work(k, cut, self.L, B)) for k in ("fwd", "bwd")) + cloud.time(Work("step", cut, self.L))
         return {"T1": t1, "T2": up.tx_time(up_bytes, 0.0) + up.cfg.latency_s, "T3": t3, "T4": down.tx_time(down_bytes, 0.0) + down.cfg.latency_s,
@@ -171,8 +186,10 @@ class FeatureReplay(Scheduler):
             "cut": cut,
             "cut_chosen_by": chosen,
             "adaptive": self.adaptive,
-            "edge": {"role": "edge", "device": self.edge_device, "units": [0, cut], "unit_names": self.ctx.model.unit_names[:cut]},
-            "cloud": {"role": "cloud", "device": self.cloud_device, "units": [cut, self.L], "unit_names": self.ctx.model.unit_names[cut:]},
+            "upstream": self.upstream_role,
+            **{role: {"role": role, "device": dev, "units": units, "unit_names": self.ctx.model.unit_names[units[0]:units[1]]}
+               for role, dev, units in (("edge", self.edge_device, [cut, self.L] if self.reversed else [0, cut]),
+                                        ("cloud", self.cloud_device, [0, cut] if self.reversed else [cut, self.L]))},
             "uplink_bits": bits,
             "K": K,
             "staleness_policy": self.cfg.staleness_policy,
@@ -192,7 +209,7 @@ class FeatureReplay(Scheduler):
     @property
     def adaptive(self) -> bool:
         """Whether the edge re-decides the cut online (feature_replay with K > 0, as the code)."""
-        return bool(self.cfg.adaptive) and type(self) is FeatureReplay
+        return bool(self.cfg.adaptive) and type(self) is FeatureReplay and not self.reversed
 
     def plan(self) -> dict:
         return self._plan
@@ -203,13 +220,11 @@ class FeatureReplay(Scheduler):
         return {"edge": self.edge_device, "cloud": self.cloud_device}
 
     def build_role(self, role: str) -> Role:
-        from plugins.schedulers.feature_replay_roles import CloudRole, EdgeRole
+        from plugins.schedulers.feature_replay_roles import DownstreamRole, UpstreamRole
 
-        if role == "edge":
-            return EdgeRole(self)
-        if role == "cloud":
-            return CloudRole(self)
-        raise KeyError(f"no role {role!r}; roles: edge, cloud")
+        if role not in ("edge", "cloud"):
+            raise KeyError(f"no role {role!r}; roles: edge, cloud")
+        return UpstreamRole(self, role) if role == self.upstream_role else DownstreamRole(self, role)
 
     def eval_model(self, states: dict[str, dict]):
         if self.eval_copy is None:
@@ -222,7 +237,7 @@ class FeatureReplay(Scheduler):
 
     def report(self, total: float, timeline, role_stats: dict[str, dict], dropouts: list[dict]) -> dict:
         out = super().report(total, timeline, role_stats, dropouts)
-        edge = role_stats.get("edge", {})
+        edge = role_stats.get(self.upstream_role, {})  # the replaying side's counters
         stale = edge.get("staleness", [])
         hist = collections.Counter(stale)
         pl = self._plan

@@ -67,17 +67,20 @@ def own_model(ctx):
 
 
 class _Side(Role):
+    upstream = True  # holds units [0, cut) and the inputs, replays; the downstream side [cut, L) and the loss
+
     def __init__(self, sched, role: str, cut: int):
         self.sched = sched
         self.name = role
-        self.device = sched.edge_device if role == "edge" else sched.cloud_device
+        self.peer = "cloud" if role == "edge" else "edge"
+        self.device = sched.role_devices()[role]
         self.cut = cut
         self.model = own_model(sched.ctx)
         self.stage = self._new_stage()
         self.it = 0  # batches this role has handled, over all epochs (the messages' iteration ids)
 
     def _bounds(self) -> tuple[int, int]:
-        return (0, self.cut) if self.name == "edge" else (self.cut, self.sched.L)
+        return (0, self.cut) if self.upstream else (self.cut, self.sched.L)
 
     def _new_stage(self) -> Stage | None:
         a, b = self._bounds()
@@ -174,11 +177,12 @@ class DriftMeter:
             self.per_epoch[str(k)].append(max(0.0, s2 / n - (s / n) ** 2) ** 0.5 if n else float("nan"))
 
 
-class EdgeRole(_Side):
-    """P1 (and the sender of P2): forwards, the history queue, replays, the decision engine."""
+class UpstreamRole(_Side):
+    """P1 (and the sender of P2): forwards, the history queue, replays, the decision engine. The
+    edge, or the cloud for a generative model (`scheduler.upstream=cloud`)."""
 
-    def __init__(self, sched):
-        super().__init__(sched, "edge", sched.cut)
+    def __init__(self, sched, role: str = "edge"):
+        super().__init__(sched, role, sched.cut)
         plan = sched.plan()
         self.inflight: collections.deque[int] = collections.deque()  # sent, gradient not applied yet
         self.outstanding: collections.deque[tuple[float, float, float]] = collections.deque()  # (ready, bytes up, bytes back) per message awaiting its reply
@@ -231,7 +235,7 @@ class EdgeRole(_Side):
                     await self.engine_step(ctx, t)
             while self.outstanding:  # the epoch's flush (the code's EndTrain); probe replies too
                 await self.apply_next(ctx, self.it - 1)
-            ctx.send("cloud", "act", {"end": _int_tensor(epoch)}, iteration=self.it)
+            ctx.send(self.peer, "act", {"end": _int_tensor(epoch)}, iteration=self.it)
             self.drift.end_epoch()
             await ctx.end_epoch(epoch)
         await listener
@@ -239,19 +243,22 @@ class EdgeRole(_Side):
     async def listen(self, ctx) -> None:
         """The code's downloader: always waiting, so a reply's arrival time is when it wakes."""
         while True:
-            stamps = await ctx.recv("cloud", "stamps")
+            stamps = await ctx.recv(self.peer, "stamps")
             arrived = ctx.now()
             kind = int(stamps[0])
             if kind == STOP:
                 return
-            g = await ctx.recv("cloud", "grad") if kind == GRADIENT else None  # sent just before its stamps
+            g = await ctx.recv(self.peer, "grad") if kind == GRADIENT else None  # sent just before its stamps
             self.replies.put_nowait((g, stamps, arrived))
 
     async def send_batch(self, ctx, x, y, t: int) -> None:
         st = self.stage
         h = await ctx.compute(st.fwd_work(len(x)), st.forward_to_replay, x, t, iteration=t)
-        y = y if self.sched.ctx.numerics else torch.empty(y.shape, dtype=y.dtype, device="meta")
-        ctx.send("cloud", "act", {"x": h, "y": y}, iteration=t)
+        if self.sched.reversed:  # the targets stay with the downstream party (the edge's ground truth)
+            ctx.send(self.peer, "act", {"feature": h}, iteration=t)  # (a lone "x" would arrive unwrapped)
+        else:  # labels travel with the feature (the official code)
+            y = y if self.sched.ctx.numerics else torch.empty(y.shape, dtype=y.dtype, device="meta")
+            ctx.send(self.peer, "act", {"x": h, "y": y}, iteration=t)
         c = self.cut - 1
         self.outstanding.append((ctx.now() + self.profile["encode_s"][c], self.profile["uplink_bytes"][c], self.profile["downlink_bytes"][c] + STAMPS_BYTES))
         self.inflight.append(t)
@@ -324,7 +331,7 @@ class EdgeRole(_Side):
         if self.sched.adaptive and self.K != 0:
             while await self.next_reply(wait=False) is not None:  # replies that have come back
                 pass
-            ctx.send("cloud", "act", {"probe": _int_tensor(t)}, iteration=t)
+            ctx.send(self.peer, "act", {"probe": _int_tensor(t)}, iteration=t)
             self.outstanding.append((ctx.now(), PROBE_BYTES, STAMPS_BYTES))
 
     # ---- the decision engine and migrations ------------------------------------------------
@@ -353,28 +360,34 @@ class EdgeRole(_Side):
     async def migrate(self, ctx, new_cut: int, t: int) -> None:
         s, old = self.sched, self.cut
         start = ctx.now()
-        ctx.send("cloud", "act", {"change": _int_tensor(new_cut)}, iteration=t)
+        ctx.send(self.peer, "act", {"change": _int_tensor(new_cut)}, iteration=t)
         if new_cut < old:  # blocks new_cut+1..old go up
-            ctx.send("cloud", "units", rp.pack_units(self.model, None, list(range(new_cut, old)), s.ctx.numerics), iteration=t)
+            ctx.send(self.peer, "units", rp.pack_units(self.model, None, list(range(new_cut, old)), s.ctx.numerics), iteration=t)
         else:  # blocks old+1..new_cut come down
-            rp.unpack_units(self.model, await ctx.recv("cloud", "units"), s.ctx.numerics)
+            rp.unpack_units(self.model, await ctx.recv(self.peer, "units"), s.ctx.numerics)
         self.migrations.append({"iteration": t + 1, "time_s": start, "done_s": ctx.now(), "from": old, "to": new_cut,
                                 "rate_up_Bps": self.rates.up, "rate_down_Bps": self.rates.down, "tau": self.tau.tau})
         self.move_cut(new_cut)
         self.drift.buf.clear()  # other weights from here on: lags restart
 
 
-class CloudRole(_Side):
-    """P3 (and the sender of P4): trains on each fresh feature, returns its gradient."""
+class DownstreamRole(_Side):
+    """P3 (and the sender of P4): trains on each fresh feature, returns its gradient. The cloud,
+    or the edge with its ground truth for a generative model (`scheduler.upstream=cloud`)."""
 
-    def __init__(self, sched):
-        super().__init__(sched, "cloud", sched.cut)
+    upstream = False
+
+    def __init__(self, sched, role: str = "cloud"):
+        super().__init__(sched, role, sched.cut)
 
     async def run(self, ctx) -> None:
         s = self.sched
         arrivals: asyncio.Queue = asyncio.Queue()
         listener = asyncio.ensure_future(self.listen(ctx, arrivals))
         for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
+            # reversed (generative): the targets are this party's own, drawn in the seeded order
+            # every process draws alike, the i-th feature of the epoch being the i-th batch's
+            own = iter([y for _, y in s.ctx.train_batches(epoch)]) if s.reversed else None
             while True:
                 msg, received = await arrivals.get()
                 if "end" in msg:
@@ -382,18 +395,21 @@ class CloudRole(_Side):
                 if "change" in msg:
                     await self.migrate(ctx, int(msg["change"][0]))
                 elif "probe" in msg:
-                    ctx.send("edge", "stamps", _stamps(PROBE_REPLY, received, ctx.now()))
+                    ctx.send(self.peer, "stamps", _stamps(PROBE_REPLY, received, ctx.now()))
                 else:
-                    await self.train_on(ctx, epoch, msg["x"], msg["y"], received)
+                    y = next(own) if own is not None else msg["y"]
+                    if own is not None and not s.ctx.numerics:
+                        y = torch.empty(y.shape, dtype=y.dtype, device="meta")
+                    await self.train_on(ctx, epoch, msg["feature"] if own is not None else msg["x"], y, received)
             await ctx.end_epoch(epoch)
         await listener
-        ctx.send("edge", "stamps", _stamps(STOP, 0.0, 0.0))
+        ctx.send(self.peer, "stamps", _stamps(STOP, 0.0, 0.0))
 
     async def listen(self, ctx, arrivals: asyncio.Queue) -> None:
         """The code's receiver: always waiting, so a message's arrival time is when it wakes."""
         left = self.sched.ctx.cfg.train.epochs - self.first_epoch
         while left:
-            msg = await ctx.recv("edge", "act")
+            msg = await ctx.recv(self.peer, "act")
             arrivals.put_nowait((msg, ctx.now()))
             left -= "end" in msg
 
@@ -403,8 +419,8 @@ class CloudRole(_Side):
         if self.sched.ctx.numerics:
             ctx.report_train(*out)
         g = await ctx.compute(st.bwd_work(a.shape[0]), st.backward, t, iteration=t)
-        ctx.send("edge", "grad", g, iteration=t)  # P4 starts as soon as the gradient exists
-        ctx.send("edge", "stamps", _stamps(GRADIENT, received, ctx.now()), iteration=t)
+        ctx.send(self.peer, "grad", g, iteration=t)  # P4 starts as soon as the gradient exists
+        ctx.send(self.peer, "stamps", _stamps(GRADIENT, received, ctx.now()), iteration=t)
         await ctx.compute(st.step_work(), st.step, iteration=t)
         self.it += 1
         ctx.iteration_done(epoch, self.it, int(a.shape[0]))
@@ -412,7 +428,7 @@ class CloudRole(_Side):
     async def migrate(self, ctx, new_cut: int) -> None:
         s, old = self.sched, self.cut
         if new_cut > old:  # blocks old+1..new_cut go down to the edge
-            ctx.send("edge", "units", rp.pack_units(self.model, None, list(range(old, new_cut)), s.ctx.numerics))
+            ctx.send(self.peer, "units", rp.pack_units(self.model, None, list(range(old, new_cut)), s.ctx.numerics))
         else:
-            rp.unpack_units(self.model, await ctx.recv("edge", "units"), s.ctx.numerics)
+            rp.unpack_units(self.model, await ctx.recv(self.peer, "units"), s.ctx.numerics)
         self.move_cut(new_cut)

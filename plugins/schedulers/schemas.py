@@ -81,6 +81,7 @@ class FeatureReplayConfig(SchedulerConfig):
     adaptive: bool = True  # the edge re-runs the engine every iteration on measured bandwidths and migrates the cut (Alg. 2)
     tau_beta: float = 0.8  # Eq. 14's EWMA (the code's value); tau starts at the iterations per epoch
     rate_beta: float = 0.8  # EWMA of the measured link rates (the notes' proposal; the code does not smooth)
+    upstream: str = "edge"  # the party with the inputs and units [0, cut) that replays: edge | cloud (generative models: the edge keeps the targets)
     drift_lags: List[int] = field(default_factory=list)  # record std(w^t - w^{t-k}) of the edge's weights per epoch for these k (Fig. 4)
 
 
