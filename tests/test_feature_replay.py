@@ -247,3 +247,18 @@ def test_reversed_roles_keep_the_targets_on_the_edge(tmp_path):
     assert max(stale.runtime.role_stats["cloud"]["staleness"]) <= 3 and summary(stale)["staleness"]["max"] >= 1
     with pytest.raises(ConfigError, match="scheduler.adaptive"):
         Job(compose_cfg(SMALL + ["scheduler=feature_replay", "scheduler.upstream=cloud", "scheduler.cut=2"]), tmp_path / "bad")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mosquitto") is None, reason="mosquitto not installed (bash setup.sh)")
+def test_the_engine_migrates_on_real_processes(tmp_path):
+    """runtime=local: the edge measures the loopback links (tens of MB/s), prefers the cut that
+    leaves the Pi-class edge the least work, and moves blocks 2-3 to the cloud's process as a
+    message; training goes on there."""
+    over = ["scheduler=feature_replay", "model=vgg5", "dataset=synthetic_mnist", "dataset.n_train=480", "train.batch_size=24", "scheduler.cut=3",
+            "train.epochs=1", "runtime=local", "transport=mqtt"]
+    job, _ = run(tmp_path, over)
+    fr = summary(job)["feature_replay"]
+    assert [(m["from"], m["to"]) for m in fr["migrations"]] == [(3, 1)], fr["migrations"]
+    assert fr["migrations"][0]["rate_up_Bps"] > 1e6 and fr["final_cut"] == 1
+    assert summary(job)["status"] == "FINISHED" and job.history["val/acc"][-1] > 0.3
