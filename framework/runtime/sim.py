@@ -10,6 +10,7 @@ packet lengths.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import defaultdict, deque
 from typing import Any, Callable
@@ -358,4 +359,11 @@ class SimRuntime(Runtime):
             await asyncio.gather(*(wrap(n, r) for n, r in roles.items()))
             return self.loop.time()
 
-        return run_virtual(main(), describe_pending=self.describe_pending, start=start)
+        # Everything built so far (models, data, roles) lives for the whole run: moved out of the
+        # collector's reach, a full collection scans only what the run itself allocates. Full
+        # collections over the models' objects had cost 0.1-0.15 s in a 0.6 s run.
+        gc.freeze()
+        try:
+            return run_virtual(main(), describe_pending=self.describe_pending, start=start)
+        finally:
+            gc.unfreeze()

@@ -102,6 +102,14 @@ def frame(src: bytes, tag: bytes, seq: int, chunk: int, n_chunks: int, total: in
     return b"".join((pack_head(0, seq, chunk, n_chunks, total, offset, session, digest), body))
 
 
+def _stopping(task: asyncio.Task | None) -> bool:
+    """The task ended or was asked to (Task.cancelling is Python 3.11+; 3.10 sees only ended tasks)."""
+    if task is None or task.done():
+        return True
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling and cancelling())
+
+
 class _Handled(asyncio.Queue):
     """aiomqtt's incoming-message queue, replaced by a call: each message is placed (chunk
     copied into its message's buffer, whole messages into mailboxes) the moment the client
@@ -599,7 +607,10 @@ class MqttTransport(Transport):
         if self._supervisor is None:
             return
         try:
-            if self._error is None:
+            # A clean goodbye waits for every receiver's acknowledgement; a cancelled close (an
+            # interrupted run: asyncio cancels every task at once, this endpoint's reader
+            # included) would wait reconnect_timeout_s for acknowledgements nobody reads.
+            if self._error is None and not _stopping(self._supervisor) and not _stopping(asyncio.current_task()):
                 await self.flush()
                 await self._delivered(float(self.cfg.reconnect_timeout_s))
                 await self.publish_status("done")
