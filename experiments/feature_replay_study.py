@@ -1,7 +1,7 @@
 """Context-aware feature replay reproduction study (Yao et al., IMWUT 2021): one command, one report.
 
-    python experiments/feature_replay_study.py                # everything (~15 min on 2 cores)
-    python experiments/feature_replay_study.py --quick        # 1 seed, 1 epoch (~5 min)
+    python experiments/feature_replay_study.py                # everything (~11 min on 2 cores)
+    python experiments/feature_replay_study.py --quick        # 1 seed, 1 epoch (~2 min)
     python experiments/feature_replay_study.py --only latency # one part: latency, accuracy, compression, drift, adaptivity
 
 Parts (all on the virtual clock, so the numbers are deterministic):
