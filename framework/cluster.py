@@ -188,6 +188,14 @@ class Link:
         self.trace = sorted((float(t), float(b)) for t, b in cfg.trace) if cfg.trace else None
         self.rng = random.Random(zlib.crc32(f"{seed}:{self.name}".encode()))
 
+    def set_loss(self, loss: float) -> None:
+        """Set the probability that a message is lost (a scheduler with a channel model of its own,
+        such as EdgePipe's PRR matrix). 1 drops every message: only unreliable sends may use such
+        a link (a reliable one would be sent again for ever)."""
+        if not 0.0 <= loss <= 1.0:
+            raise ConfigError(f"cluster.links.{self.name}.loss", f"must be in [0, 1], got {loss}")
+        self.cfg.loss = float(loss)
+
     def bandwidth_at(self, t: float) -> float:
         bw = self.cfg.bandwidth_bps
         if self.trace:
@@ -232,6 +240,8 @@ class Link:
                 return attempts, end + self.cfg.latency_s
             if not reliable:
                 return attempts, None
+            if self.cfg.loss >= 1.0:
+                raise ConfigError(f"cluster.links.{self.name}.loss", "is 1 (every message lost): a reliable send on it would be retransmitted for ever")
             t = end + self.cfg.retransmit_timeout_s
 
 

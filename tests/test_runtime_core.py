@@ -134,6 +134,19 @@ def test_lossy_link_retransmits_reliable_and_drops_unreliable():
     assert rt.messages_lost == lost and 5 < lost < 35
 
 
+
+def test_a_link_set_to_lose_everything_drops_unreliable_sends_and_refuses_reliable_ones():
+    c = cluster(num_devices=2, link={"bandwidth_bps": 1e6})
+    link = c.link("dev0", "dev1")
+    with pytest.raises(ConfigError, match=r"cluster.links.dev0->dev1.loss.*\[0, 1\]"):
+        link.set_loss(1.5)
+    link.set_loss(1.0)
+    assert c.link("dev1", "dev0").cfg.loss == 0.0  # one link's setting, not the cluster's
+    arrivals, rt = _send_times(c, [4000] * 10, reliable=False)
+    assert all(n is None for _, n in arrivals) and rt.messages_lost == 10
+    with pytest.raises(ConfigError, match=r"retransmitted for ever"):
+        link.schedule(4000, 0.0, reliable=True)
+
 def test_cluster_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"cluster.links.dev0->dev9"):
         cluster(num_devices=2, links={"dev0->dev9": {"latency_s": 1.0}})
