@@ -94,3 +94,40 @@ class JointDNNConfig(FeatureReplayConfig):
 @dataclass
 class EdgeOnlyConfig(FeatureReplayConfig):
     name: str = "edge_only"
+
+
+@dataclass
+class PRRConfig:
+    """Where the links' packet reception ratios come from (EdgePipe, notes 2.11)."""
+
+    source: str = "channel"  # channel (path loss + shadowing, random placement) | given (matrix below) | cluster (1 - the links' configured loss)
+    matrix: Optional[List[List[float]]] = None  # source=given: PRR[i][j] from device i to j (the diagonal is ignored)
+    topology_seed: int = 0  # source=channel: the placement and probe seed
+    roi_m: float = 50.0  # side of the square region the devices are placed in
+    pathloss_exp: float = 3.1
+    sigma_db: float = 8.0  # log-normal shadowing
+    k_margin_db: float = 51.8  # P_tx - threshold - PL(d0); the notes' calibration (mean PRR 0.809)
+    probe_packets: int = 50  # the PRR the mapper sees is measured with this many packets per link
+
+
+@dataclass
+class SuperNeuronConfig(SchedulerConfig):
+    name: str = "super_neuron"
+    partition_class: str = "hybrid"  # hybrid (EdgePipe, Alg. 1) | vertical (PipeDream core; 1 device = Naive) | horizontal
+    m_layers: Optional[int] = None  # hybrid: layers per group, overriding Eq. 1 (the Fig. 6 sweep)
+    rounding: str = "hamilton"  # devices per group: hamilton (the notes' repair) | half_up | half_even (the paper's round)
+    n_devices: Optional[int] = None  # use dev0..dev{n-1}; null = every devK of the cluster
+    mapping: str = "ga"  # ga (Alg. 2) | random | upper (brute force) | identity
+    mapping_seed: int = 0
+    generations: Optional[int] = None  # ga: null = 1000 for N <= 6, else 10000
+    prr: PRRConfig = field(default_factory=PRRConfig)
+    pipeline: bool = True  # false: the Model baseline (2L - 1 slots per minibatch, no pipelining)
+    weight_stashing: bool = True  # Eq. 3: backward at the forward's weights, applied to the latest
+    bwd_mode: str = "masked"  # masked (true gradient of the zero-filled graph) | phantom (as if every input had arrived)
+    slot_s: Optional[float] = None  # null: worst op compute + worst message transfer + slot_margin_s, from the cluster's models
+    slot_margin_s: float = 0.1  # Eq. 4's margin
+    init: str = "glorot"  # glorot (Glorot-uniform weights, zero biases: the notes' default for TF 1.15) | model (the model plugin's init)
+    recovery: str = "none"  # none (the paper's EdgePipe) | rtx (every message sent rtx_copies times; Fig. 9(f))
+    rtx_copies: int = 2
+    lossy_test_passes: int = 10  # after training: test passes through the lossy forward (one draw per link and layer per pass)
+    lossy_test_seed: int = 0

@@ -1,0 +1,332 @@
+"""EdgePipe (Yoon et al., IEEE IoT-J 2022): `scheduler=super_neuron`, one role per super neuron.
+
+The planning layer (edgepipe_partition / _channel / _mapping / _timing) makes the plan:
+
+- the partition of the MLP's neurons into super neurons (Alg. 1; `partition_class` hybrid,
+  vertical or horizontal; vertical on one device is the Naive baseline);
+- the links' packet reception ratios (PRR): from the path-loss channel model with a seed, a given
+  matrix, or the cluster's configured link loss; the true PRR becomes each link's loss (1 - PRR),
+  so every message a role sends with `reliable=False` is dropped by the link with that probability;
+- the mapping of super neurons to devices (Alg. 2's GA, random, brute force, identity) on the PRR
+  the coordinator measures with probe packets;
+- the slot length: the worst op of any super neuron priced by its device's time model (a neuron
+  chunk costs its share of the layer's work), plus the slowest message on its link, plus a margin
+  (Eq. 4's structure on the cluster's models), or `slot_s` as given.
+
+The roles (plugins.schedulers.super_neuron_roles) run Eq. 2's schedule on that slot clock. Only
+`runtime=sim`: the roles are separate state owners that talk by message, but the slot deadlines and
+the links' loss are the simulator's.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from framework import wire
+from framework.cluster import Work
+from framework.errors import ConfigError
+from framework.scheduler import Role, Scheduler
+from plugins.schedulers import edgepipe_channel as channel
+from plugins.schedulers import edgepipe_mapping as mapping
+from plugins.schedulers import edgepipe_partition as part
+from plugins.schedulers import edgepipe_timing as timing
+from plugins.schedulers.schemas import SuperNeuronConfig  # noqa: F401  (registry.declare)
+
+log = logging.getLogger(__name__)
+
+MAPPINGS = ("ga", "random", "upper", "identity")
+BWD_MODES = ("masked", "phantom")
+RECOVERIES = ("none", "rtx")
+INITS = ("glorot", "model")
+PRR_SOURCES = ("channel", "given", "cluster")
+
+
+def linear_of(unit: nn.Module) -> nn.Linear:
+    """The one nn.Linear of an MLP unit."""
+    found = [m for m in unit.modules() if isinstance(m, nn.Linear)]
+    if len(found) != 1:
+        raise ConfigError("model.name", f"super_neuron splits dense layers by neurons; a unit has {len(found)} Linear layers (use model=mlp)")
+    return found[0]
+
+
+def mlp_sizes(model) -> tuple[int, ...]:
+    """Neurons per layer, the input layer first (the paper counts it): [784, 128, ..., 10]."""
+    linears = [linear_of(u) for u in model.units]
+    sizes = [math.prod(model.input_shape)] + [lin.out_features for lin in linears]
+    for i, lin in enumerate(linears):
+        if lin.in_features != sizes[i]:
+            raise ConfigError("model.name", f"unit {i} takes {lin.in_features} inputs after a layer of {sizes[i]}: not a plain MLP (use model=mlp)")
+    return tuple(sizes)
+
+
+@torch.no_grad()
+def glorot_init(model, seed: int) -> None:
+    """Glorot-uniform weights and zero biases in every dense layer (notes section 8 item 17: TF
+    1.15's default), drawn from a generator of the run's seed: the same in every process."""
+    g = torch.Generator().manual_seed(seed)
+    for unit in model.units:
+        lin = linear_of(unit)
+        bound = math.sqrt(6.0 / (lin.in_features + lin.out_features))
+        w = torch.rand(lin.weight.shape, generator=g, dtype=torch.float64) * (2 * bound) - bound
+        lin.weight.copy_(w.to(lin.weight.dtype))
+        lin.bias.zero_()
+
+
+class SuperNeuron(Scheduler):
+    runtimes = ("sim",)
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self._check_config()
+        if ctx.cfg.model.name != "mlp":
+            raise ConfigError("model.name", f"super_neuron partitions an MLP's neurons; got model={ctx.cfg.model.name} (use model=mlp)")
+        self.sizes = mlp_sizes(ctx.model)
+        if cfg.init == "glorot":
+            glorot_init(ctx.model, int(ctx.cfg.seed))
+        self.devices = self._devices()
+        try:
+            self.partition = part.partition(self.sizes, len(self.devices), str(cfg.partition_class),
+                                            m_layers=None if cfg.m_layers is None else int(cfg.m_layers), rounding=str(cfg.rounding))
+        except ValueError as e:
+            raise ConfigError("scheduler.partition_class", f"{cfg.partition_class} over {len(self.devices)} devices: {e}") from None
+        self._plan = ctx.plan if ctx.plan is not None else self._make_plan()
+        self.perm = tuple(self._plan["mapping"]["perm"])
+        self.slot_s = float(self._plan["slot_s"])
+        self._apply_prr(np.array(self._plan["prr"]["true"], dtype=float))
+        self.eval_copy = None
+        self.roles: dict[str, Role] = {}  # built here (runtime=sim): the lossy test reads their weights
+
+    @property
+    def copies(self) -> int:
+        """Transmissions per message: 1, or r-TX's copies."""
+        return int(self.cfg.rtx_copies) if self.cfg.recovery == "rtx" else 1
+
+    # ---- configuration -----------------------------------------------------------------------
+
+    def _check_config(self) -> None:
+        cfg = self.cfg
+        for key, value, choices in (("partition_class", cfg.partition_class, part.CLASSES), ("mapping", cfg.mapping, MAPPINGS),
+                                    ("bwd_mode", cfg.bwd_mode, BWD_MODES), ("rounding", cfg.rounding, part.ROUNDINGS),
+                                    ("prr.source", cfg.prr.source, PRR_SOURCES), ("recovery", cfg.recovery, RECOVERIES),
+                                    ("init", cfg.init, INITS)):
+            if value not in choices:
+                raise ConfigError(f"scheduler.{key}", f"{value!r} is not one of the choices: {', '.join(choices)}")
+        if cfg.slot_s is not None and not float(cfg.slot_s) > 0:
+            raise ConfigError("scheduler.slot_s", f"must be > 0 seconds (or null: from the cluster's models), got {cfg.slot_s}")
+        if not float(cfg.slot_margin_s) >= 0:
+            raise ConfigError("scheduler.slot_margin_s", f"must be >= 0, got {cfg.slot_margin_s}")
+        if int(cfg.rtx_copies) < 1:
+            raise ConfigError("scheduler.rtx_copies", f"must be >= 1, got {cfg.rtx_copies}")
+        if int(cfg.lossy_test_passes) < 0:
+            raise ConfigError("scheduler.lossy_test_passes", f"must be >= 0, got {cfg.lossy_test_passes}")
+        if cfg.prr.source == "given" and not cfg.prr.matrix:
+            raise ConfigError("scheduler.prr.matrix", "prr.source=given needs the N x N matrix PRR[i][j] from device i to j")
+        if str(self.ctx.cfg.train.optimizer) != "sgd":
+            raise ConfigError("train.optimizer", f"super_neuron trains with SGD (the paper's plain gradient descent); got {self.ctx.cfg.train.optimizer}")
+        if not self.ctx.numerics:
+            raise ConfigError("runtime.numerics", "super_neuron runs with numerics only (a timing-only run is edgepipe_timing's closed forms)")
+
+    def _devices(self) -> list[str]:
+        cl = self.ctx.cluster
+        names = [n for n in cl.names if n.startswith("dev") and n[3:].isdigit()]
+        n = len(names) if self.cfg.n_devices is None else int(self.cfg.n_devices)
+        if not 1 <= n <= len(names):
+            raise ConfigError("scheduler.n_devices", f"the cluster has {len(names)} devices dev0..dev{len(names) - 1}; got n_devices={self.cfg.n_devices}")
+        for name in names[:n]:
+            if cl.device(name).cfg.time_model == "measured":
+                raise ConfigError(f"cluster.devices.{name}.time_model", "super_neuron prices neuron chunks as a share of the layer's modelled time; use analytic, profile or table")
+        return names[:n]
+
+    # ---- the plan ----------------------------------------------------------------------------
+
+    def _prr(self) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(true PRR driving the losses, PRR the mapper sees, description) in device space."""
+        cfg, n = self.cfg.prr, len(self.devices)
+        if cfg.source == "channel":
+            topo = channel.random_topology(int(cfg.topology_seed), n, roi_m=float(cfg.roi_m), probe_packets=int(cfg.probe_packets),
+                                           n=float(cfg.pathloss_exp), sigma_db=float(cfg.sigma_db), k_db=float(cfg.k_margin_db))
+            return topo.true_prr, topo.measured_prr, {"positions_m": topo.positions.tolist(), "topology_seed": int(cfg.topology_seed)}
+        if cfg.source == "given":
+            try:
+                m = channel.as_prr_matrix([list(r) for r in cfg.matrix])
+            except ValueError as e:
+                raise ConfigError("scheduler.prr.matrix", str(e)) from None
+            if m.shape != (n, n):
+                raise ConfigError("scheduler.prr.matrix", f"is {m.shape[0]} x {m.shape[1]}; the run uses {n} devices")
+            return m, m, {}
+        m = np.ones((n, n))
+        for i, a in enumerate(self.devices):
+            for j, b in enumerate(self.devices):
+                if i != j:
+                    m[i, j] = 1.0 - float(self.ctx.cluster.link(a, b).cfg.loss)
+        return m, m, {}
+
+    def _apply_prr(self, true: np.ndarray) -> None:
+        """Every link between the run's devices drops a message with probability 1 - PRR."""
+        if self.cfg.prr.source == "cluster":
+            return
+        for i, a in enumerate(self.devices):
+            for j, b in enumerate(self.devices):
+                if i != j:
+                    self.ctx.cluster.link(a, b).set_loss(1.0 - float(true[i, j]))
+
+    def _map(self, measured: np.ndarray) -> mapping.Mapping:
+        cfg, sn = self.cfg, part.snnet(self.partition)
+        if cfg.mapping == "identity" or len(self.devices) == 1:
+            ident = tuple(range(len(self.devices)))
+            return mapping.Mapping("identity", ident, mapping.score(sn, measured, ident), 1)
+        return mapping.map_devices(str(cfg.mapping), sn, measured, seed=int(cfg.mapping_seed), generations=cfg.generations)
+
+    def chunk_seconds(self, device: str, kind: str, layer: int, neurons: int, batch: int) -> float:
+        """A neuron chunk's work: its share of layer `layer`'s unit, by the device's time model."""
+        if layer < 2:
+            return 0.0
+        unit = layer - 2
+        return neurons / self.sizes[layer - 1] * self.ctx.cluster.device(device).time(Work(kind, unit, unit + 1, batch))
+
+    def op_seconds(self, s: int, perm) -> dict:
+        """{(kind, layer): seconds} of super neuron s's ops on its device: FW = the chunk's forward;
+        BW = its backward (weight gradient, partial products) and its SGD step."""
+        dev, B = self.devices[perm[s]], int(self.ctx.cfg.train.batch_size)
+        out = {}
+        for layer, lo, hi in self.partition.super_neurons[s].chunks:
+            out[("FW", layer)] = self.chunk_seconds(dev, "fwd", layer, hi - lo, B)
+            out[("BW", layer)] = self.chunk_seconds(dev, "bwd", layer, hi - lo, B) + self.chunk_seconds(dev, "step", layer, hi - lo, B)
+        return out
+
+    def message_bytes(self, width: int) -> int:
+        B = int(self.ctx.cfg.train.batch_size)
+        return wire.encoded_size({"x": torch.empty((B, width), dtype=self.ctx.dtype, device="meta"), "id": torch.zeros(1, dtype=torch.int64)})
+
+    def _slot(self, perm) -> dict:
+        comp = max((t for s in range(len(perm)) for t in self.op_seconds(s, perm).values()), default=0.0)
+        radio = 0.0
+        for m in part.messages(self.partition):
+            link = self.ctx.cluster.link(self.devices[perm[m.src]], self.devices[perm[m.dst]])
+            radio = max(radio, link.tx_time(self.message_bytes(m.width), 0.0) * self.copies + link.cfg.latency_s)
+        derived = comp + radio + float(self.cfg.slot_margin_s)
+        if self.cfg.slot_s is not None and float(self.cfg.slot_s) < comp + radio:
+            log.warning("scheduler.slot_s=%s is shorter than the worst op plus the slowest message (%.6g s): ops overrun their slots "
+                        "and the schedule slips behind the slot clock", self.cfg.slot_s, comp + radio)
+        return {"slot_s": float(self.cfg.slot_s) if self.cfg.slot_s is not None else derived, "derived_slot_s": derived,
+                "worst_op_s": comp, "worst_message_s": radio, "margin_s": float(self.cfg.slot_margin_s)}
+
+    def _make_plan(self) -> dict:
+        p = self.partition
+        true, measured, where = self._prr()
+        mp = self._map(measured)
+        n_data = self.ctx.iterations_per_epoch()
+        counts = part.message_counts(p, perm=mp.perm)
+        pipe = bool(self.cfg.pipeline)
+        slot = self._slot(mp.perm)
+        return {
+            "scheduler": self.cfg.name,
+            "partition": {"class": p.kind, "effective_class": p.effective_class, "sizes": list(p.sizes), "groups": [list(g) for g in p.groups],
+                          "devices_per_group": list(p.devices), "m_layers": p.m_layers, "P": p.P, "notes": list(p.notes),
+                          "super_neurons": [{"sn": sn.index, "group": sn.group, "h": sn.h, "device": self.devices[mp.perm[sn.index]],
+                                             "chunks": [list(c) for c in sn.chunks]} for sn in p.super_neurons]},
+            "mapping": {"method": mp.method, "perm": list(mp.perm), "score": mp.score, "evaluated": mp.evaluated,
+                        "devices": {f"sn{s}": self.devices[d] for s, d in enumerate(mp.perm)}},
+            "prr": {"source": self.cfg.prr.source, "true": true.tolist(), "measured": measured.tolist(), "mean_true": channel.mean_prr(true) if len(true) > 1 else 1.0,
+                    **where},
+            "coordinator": self.devices[part.elect_coordinator(true)],
+            "messages_per_minibatch": int(counts.sum()),
+            "messages_per_pair": counts.tolist(),  # device space: row sends to column, per minibatch
+            "max_message_width": part.max_message_width(p),
+            "pipeline": pipe and timing.pipelined(p),
+            "weight_stashing": bool(self.cfg.weight_stashing),
+            "recovery": self.cfg.recovery,
+            "transmissions_per_message": self.copies,
+            "bwd_mode": self.cfg.bwd_mode,
+            **slot,
+            "cycle_slots": timing.cycle_slots(p, pipe),
+            "slots_per_epoch": timing.slots_for(p, n_data, pipe),
+            "predicted_epoch_s": timing.slots_for(p, n_data, pipe) * slot["slot_s"],
+            "predicted_iter_s": timing.cycle_slots(p, pipe) * slot["slot_s"],
+            "paper_table_ii_slot_ms": timing.table_ii_slot_ms(p),
+            "iterations_per_epoch": n_data,
+        }
+
+    def plan(self) -> dict:
+        return self._plan
+
+    # ---- roles -------------------------------------------------------------------------------
+
+    def role_devices(self) -> dict[str, str]:
+        return {f"sn{s}": self.devices[d] for s, d in enumerate(self.perm)}
+
+    def build_role(self, role: str) -> Role:
+        from plugins.schedulers.super_neuron_roles import SuperNeuronRole
+
+        names = self.role_devices()
+        if role not in names:
+            raise KeyError(f"no role {role!r}; roles: {', '.join(names)}")
+        self.roles[role] = SuperNeuronRole(self, int(role[2:]))
+        return self.roles[role]
+
+    def eval_model(self, states: dict[str, dict]):
+        """The whole MLP from the chunks (a lossless forward; a lossy test pass is not this)."""
+        if self.eval_copy is None:
+            self.eval_copy = copy.deepcopy(self.ctx.model)
+        with torch.no_grad():
+            for role, state in states.items():
+                for layer, lo, hi in self.partition.super_neurons[int(role[2:])].chunks:
+                    if layer >= 2:
+                        lin = linear_of(self.eval_copy.units[layer - 2])
+                        lin.weight[lo:hi] = state[f"w{layer}"]
+                        lin.bias[lo:hi] = state[f"b{layer}"]
+        return self.eval_copy
+
+    def report(self, total: float, timeline, role_stats: dict[str, dict], dropouts: list[dict]) -> dict:
+        out = super().report(total, timeline, role_stats, dropouts)
+        pl, L = self._plan, self.partition.L
+        fw = {l: [0, 0] for l in range(1, L)}
+        bw = {l: [0, 0] for l in range(2, L + 1)}
+        sent = np.zeros((len(self.perm),) * 2, dtype=np.int64)
+        for role, st in role_stats.items():
+            for key, acc in (("fw", fw), ("bw", bw)):
+                for l, (ok, n) in st.get(key, {}).items():
+                    acc[int(l)][0] += ok
+                    acc[int(l)][1] += n
+            for dst, n in st.get("sent", {}).items():
+                sent[int(role[2:]), int(dst[2:])] += n
+        rate = {k: {str(l): (ok / n if n else 1.0) for l, (ok, n) in acc.items()} for k, acc in (("fwd_arrival", fw), ("bwd_applied", bw))}
+        out["summary"]["plan"] = {k: pl[k] for k in ("messages_per_minibatch", "max_message_width", "slot_s", "coordinator", "pipeline")}
+        out["summary"]["plan"].update(partition_class=pl["partition"]["class"], mapping=pl["mapping"]["devices"], mean_prr=pl["prr"]["mean_true"])
+        out["summary"]["edgepipe"] = {"messages_sent_per_sn_pair": sent.tolist(), "messages_sent": int(sent.sum()), **rate,
+                                      "reporter": min(s for s, _, _ in self.partition.holders(L))}
+        out["metrics"].update({"plan/messages_per_minibatch": pl["messages_per_minibatch"], "plan/predicted_iter_s": pl["predicted_iter_s"],
+                               "plan/slot_s": pl["slot_s"], "plan/mean_prr": pl["prr"]["mean_true"], "net/messages_sent": int(sent.sum())})
+        lossy = self._lossy_test()
+        if lossy is not None:
+            out["summary"]["edgepipe"]["lossy_test"] = lossy
+            for k in ("mean", "std", "min", "frac_below_0.3"):
+                if isinstance(lossy.get(k), float):
+                    out["metrics"][f"test/lossy_acc_{k}"] = lossy[k]
+        for k, by_layer in rate.items():
+            for l, v in by_layer.items():
+                out["metrics"][f"edgepipe/{k}/{l}"] = v
+        return out
+
+    def _lossy_test(self) -> dict | None:
+        """The trained chunks' lossy test passes (edgepipe_eval); None when off or nothing trained."""
+        passes = int(self.cfg.lossy_test_passes)
+        if not passes or len(self.roles) != len(self.perm):
+            return None
+        from plugins.schedulers.edgepipe_eval import lossy_test
+
+        try:
+            model = self.eval_model({r: role.state() for r, role in self.roles.items()})
+            layers = [(linear_of(u).weight.detach(), linear_of(u).bias.detach()) for u in model.units]
+            true = np.array(self._plan["prr"]["true"], dtype=float)
+            sn_prr = 1.0 - (1.0 - mapping.device_prr_for_super_neurons(true, self.perm)) ** self.copies
+            x, y = self.ctx.dataset.split("test")
+            return lossy_test(self.partition, layers, x, y, sn_prr, passes, int(self.cfg.lossy_test_seed))
+        except Exception as e:  # a failed run's report must not hide its own error
+            return {"error": f"{type(e).__name__}: {e}"}
