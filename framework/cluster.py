@@ -29,7 +29,8 @@ FIFO: a message starts when the channel is free, occupies it for size/bandwidth,
 `latency` later. Every link has its own channel (full duplex), unless the cluster is a
 `shared_medium`, where all links share one (a WLAN hotspot: one transfer at a time). A lost
 message of a reliable send is retransmitted after `retransmit_timeout_s` (head-of-line
-blocking, as TCP); an unreliable send just never arrives.
+blocking, as TCP); an unreliable send just never arrives, unless it asks for `retries`: then the
+link runs a bounded stop-and-wait ARQ (a radio MAC's ACKs and retransmissions; `Link.schedule`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from __future__ import annotations
 import bisect
 import fnmatch
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -187,6 +189,7 @@ class Link:
         check_link(cfg, f"cluster.links.{self.name}")
         self.trace = sorted((float(t), float(b)) for t, b in cfg.trace) if cfg.trace else None
         self.rng = random.Random(zlib.crc32(f"{seed}:{self.name}".encode()))
+        self.drew_acks = False
 
     def set_loss(self, loss: float) -> None:
         """Set the probability that a message is lost (a scheduler with a channel model of its own,
@@ -223,26 +226,46 @@ class Link:
             bits -= can
             t = nxt
 
-    def schedule(self, nbytes: int, now: float, reliable: bool = True):
+    def schedule(self, nbytes: int, now: float, reliable: bool = True, retries: int = 0, ack_loss: float = 0.0):
         """Reserve the channel for one message sent at `now`.
 
-        Returns (attempts, arrival or None if lost): `attempts` is a list of (start, end) busy
-        intervals on the channel, one per transmission."""
+        `reliable`: retransmit after `retransmit_timeout_s` until delivered. Unreliable with
+        `retries` = k > 0: stop-and-wait ARQ, at most k retransmissions after
+        `retransmit_timeout_s` each; an attempt is repeated if it was lost or its ACK was (with
+        probability `ack_loss`, the reverse link's loss, drawn from this link's generator); the
+        receiver sees the first copy that arrives, later ones are duplicates it drops.
+
+        Returns (attempts, arrival or None if lost): `attempts` is a list of (start, end, outcome)
+        busy intervals on the channel, one per transmission, outcome "send" (the copy delivered),
+        "lost" or "dup"."""
+        if reliable and retries:
+            raise ValueError(f"link {self.name}: retries={retries} is for unreliable sends (a reliable one retransmits until delivered)")
         attempts = []
+        arrival = None
         t = now
-        while True:
+        for i in itertools.count():
             start = max(t, self.channel.free_at)
             end = start + self.tx_time(nbytes, start)
             self.channel.free_at = end
-            attempts.append((start, end))
             lost = self.cfg.loss > 0 and self.rng.random() < self.cfg.loss
             if not lost:
-                return attempts, end + self.cfg.latency_s
-            if not reliable:
-                return attempts, None
-            if self.cfg.loss >= 1.0:
-                raise ConfigError(f"cluster.links.{self.name}.loss", "is 1 (every message lost): a reliable send on it would be retransmitted for ever")
+                attempts.append((start, end, "send" if arrival is None else "dup"))
+                if arrival is None:
+                    arrival = end + self.cfg.latency_s
+                # the last attempt's ACK changes nothing: no draw, so retries=0 draws as before
+                if reliable or i == retries or not (ack_loss > 0 and self._ack_lost(ack_loss)):
+                    return attempts, arrival
+            else:
+                attempts.append((start, end, "lost"))
+                if not reliable and i == retries:
+                    return attempts, arrival
+                if reliable and self.cfg.loss >= 1.0:
+                    raise ConfigError(f"cluster.links.{self.name}.loss", "is 1 (every message lost): a reliable send on it would be retransmitted for ever")
             t = end + self.cfg.retransmit_timeout_s
+
+    def _ack_lost(self, ack_loss: float) -> bool:
+        self.drew_acks = True  # the generator moved on a loss-free link: checkpoints keep its state
+        return self.rng.random() < ack_loss
 
 
 def _merge(dc_cls, base, override: dict, where: str):

@@ -40,7 +40,9 @@ class Timeline:
         self.intervals: list[Interval] = []
         self.link_bytes: dict[str, int] = defaultdict(int)
         self.link_raw_bytes: dict[str, int] = defaultdict(int)
-        self.link_messages: dict[str, int] = defaultdict(int)
+        self.link_messages: dict[str, int] = defaultdict(int)  # transmissions (attempts)
+        self.link_lost: dict[str, int] = defaultdict(int)  # of them lost on the way
+        self.link_dups: dict[str, int] = defaultdict(int)  # arrived again (an ARQ copy whose ACK was lost)
         self.roles: list[str] = []
         self.clock = "virtual"  # or "wall" on real runtimes: what the times mean
         self.links: list[str] = []
@@ -53,12 +55,17 @@ class Timeline:
         self.intervals.append(Interval(role, kind, start, end, iteration, microbatch, group))
 
     def transfer(self, link, start, end, nbytes, iteration=-1, microbatch=-1, kind="send", raw_bytes=None):
-        """One transmission of `nbytes` (`raw_bytes`: the same message uncompressed)."""
+        """One transmission of `nbytes` (`raw_bytes`: the same message uncompressed); `kind` is
+        "send" (delivered), "lost" or "dup" (a copy the receiver already had)."""
         if link not in self.link_bytes:
             self.links.append(link)
         self.link_bytes[link] += nbytes
         self.link_raw_bytes[link] += nbytes if raw_bytes is None else raw_bytes
         self.link_messages[link] += 1
+        if kind == "lost":
+            self.link_lost[link] += 1
+        elif kind == "dup":
+            self.link_dups[link] += 1
         self.intervals.append(Interval(link, kind, start, end, iteration, microbatch, -1, nbytes))
 
     @property
@@ -79,7 +86,8 @@ class Timeline:
     def link_stats(self) -> dict[str, dict[str, float]]:
         busy = self.busy()
         return {
-            l: {"bytes": int(self.link_bytes[l]), "raw_bytes": int(self.link_raw_bytes[l]), "messages": int(self.link_messages[l]), "busy_s": busy.get(l, 0.0)}
+            l: {"bytes": int(self.link_bytes[l]), "raw_bytes": int(self.link_raw_bytes[l]), "messages": int(self.link_messages[l]),
+                "lost": int(self.link_lost[l]), "duplicates": int(self.link_dups[l]), "busy_s": busy.get(l, 0.0)}
             for l in self.links
         }
 
@@ -116,7 +124,7 @@ class Timeline:
             "times": torch.tensor([[iv.start, iv.end] for iv in ivs], dtype=torch.float64).reshape(-1, 2),
             "ints": torch.tensor([[index[iv.resource], index[iv.kind], iv.iteration, iv.microbatch, iv.group, iv.nbytes] for iv in ivs], dtype=torch.int64).reshape(-1, 6),
         })
-        counters = {l: [self.link_bytes[l], self.link_raw_bytes[l], self.link_messages[l]] for l in self.links}
+        counters = {l: [self.link_bytes[l], self.link_raw_bytes[l], self.link_messages[l], self.link_lost[l], self.link_dups[l]] for l in self.links}
         return {"columns": columns, "names": names, "roles": self.roles, "links": self.links, "counters": counters, "clock": self.clock}
 
     def restore(self, bag, desc: dict) -> None:
@@ -128,8 +136,14 @@ class Timeline:
             for (start, end), (r, k, it, mb, g, nb) in zip(times.tolist(), ints.tolist())
         ]
         self.roles, self.links, self.clock = list(desc["roles"]), list(desc["links"]), desc["clock"]
-        for l, (b, raw, n) in desc["counters"].items():
+        for l, (b, raw, n, *more) in desc["counters"].items():
             self.link_bytes[l], self.link_raw_bytes[l], self.link_messages[l] = b, raw, n
+            self.link_lost[l], self.link_dups[l] = more or self._outcomes(l)
+
+    def _outcomes(self, link: str) -> tuple[int, int]:
+        """(lost, duplicate) transmissions on `link` from its intervals (checkpoints without the counters)."""
+        kinds = [iv.kind for iv in self.intervals if iv.resource == link]
+        return kinds.count("lost"), kinds.count("dup")
 
     # ---- exports ------------------------------------------------------------------------
 
@@ -176,7 +190,7 @@ class Timeline:
         links = [l for l in self.links if l in by_resource]
         roles, shown_links, rest_roles, rest_links = gantt_rows(self.roles, links, by_resource, max_rows)
         rows = roles + shown_links + [""] * (bool(rest_roles) + bool(rest_links))  # summary labels below
-        colors = {"fwd": "#4C72B0", "bwd": "#DD8452", "step": "#55A868", "encode": "#CCB974", "decode": "#64B5CD", "send": "#8172B3", "lost": "#C44E52"}
+        colors = {"fwd": "#4C72B0", "bwd": "#DD8452", "step": "#55A868", "encode": "#CCB974", "decode": "#64B5CD", "send": "#8172B3", "lost": "#C44E52", "dup": "#DA8BC3"}
         fig, ax = plt.subplots(figsize=(11, 0.45 * len(rows) + 1.4))
         for y, r in enumerate(roles + shown_links):
             by_kind = defaultdict(list)

@@ -65,13 +65,13 @@ def test_deadlock_is_reported_with_what_each_role_waits_on():
 # ---- links ---------------------------------------------------------------------------------
 
 
-def _send_times(c, sizes, src="dev0", dst="dev1", reliable=True):
+def _send_times(c, sizes, src="dev0", dst="dev1", reliable=True, retries=0):
     """Arrival time of each message, all sent at t=0, through the runtime."""
     arrivals = []
 
     async def sender(ctx):
         for i, n in enumerate(sizes):
-            ctx.send("rx", "t", torch.zeros(n // 4, dtype=torch.float32), reliable=reliable)
+            ctx.send("rx", "t", torch.zeros(n // 4, dtype=torch.float32), reliable=reliable, retries=retries)
 
     async def receiver(ctx):
         for _ in sizes:
@@ -146,6 +146,63 @@ def test_a_link_set_to_lose_everything_drops_unreliable_sends_and_refuses_reliab
     assert all(n is None for _, n in arrivals) and rt.messages_lost == 10
     with pytest.raises(ConfigError, match=r"retransmitted for ever"):
         link.schedule(4000, 0.0, reliable=True)
+    attempts, arrival = link.schedule(4000, 0.0, reliable=False, retries=3)  # bounded: gives up
+    assert arrival is None and [o for _, _, o in attempts] == ["lost"] * 4
+
+
+def test_bounded_arq_delivers_one_minus_loss_to_the_retries_plus_one():
+    p, k, n, rto = 0.5, 2, 3000, 0.01
+    c = cluster(num_devices=2, link={"bandwidth_bps": 1e6, "loss": p, "retransmit_timeout_s": rto})
+    link = c.link("dev0", "dev1")
+    delivered, t = 0, 0.0
+    for _ in range(n):
+        attempts, arrival = link.schedule(4000, t, reliable=False, retries=k)
+        outcomes = [o for _, _, o in attempts]
+        assert 1 <= len(attempts) <= 1 + k and "dup" not in outcomes  # ACKs never lost here
+        assert outcomes[:-1] == ["lost"] * (len(attempts) - 1)  # it stops at the first copy through
+        for (_, e0, _), (s1, _, _) in zip(attempts, attempts[1:]):
+            assert s1 >= e0 + rto  # each retry waits for the ACK timeout
+        if arrival is not None:
+            delivered += 1
+            assert outcomes[-1] == "send" and arrival == attempts[-1][1]
+        t = attempts[-1][1]
+    assert abs(delivered / n - (1 - (1 - p) ** (1 + k))) < 0.04  # 0.875; sd 0.006
+
+
+def test_arq_resends_a_frame_whose_ack_was_lost_and_the_receiver_sees_it_once():
+    c = cluster(num_devices=2, link={"bandwidth_bps": 1e6, "retransmit_timeout_s": 0.001}, links={"dev1->dev0": {"loss": 0.5}})
+    arrivals, rt = _send_times(c, [4000] * 200, reliable=False, retries=3)
+    assert all(n == 4000 for _, n in arrivals) and rt.messages_lost == 0  # the data link loses nothing
+    st = rt.timeline.link_stats()["dev0->dev1"]
+    assert st["lost"] == 0 and 200 < st["messages"] <= 4 * 200 and st["duplicates"] == st["messages"] - 200
+    assert 0.6 < st["duplicates"] / 200 < 0.9  # 0.5 + 0.25 + 0.125 = 0.875 copies more per message
+    kinds = [iv.kind for iv in rt.timeline.intervals if iv.resource == "dev0->dev1"]
+    assert kinds[0] == "send" and kinds.count("send") == 200 and len(kinds) == st["messages"]
+    # both ways lossy: undelivered messages are the ones whose every copy was lost
+    c = cluster(num_devices=2, link={"bandwidth_bps": 1e6, "loss": 0.5, "retransmit_timeout_s": 0.001})
+    arrivals, rt = _send_times(c, [4000] * 400, reliable=False, retries=1)
+    st = rt.timeline.link_stats()["dev0->dev1"]
+    got = sum(n is not None for _, n in arrivals)
+    assert rt.messages_lost == 400 - got and st["messages"] - st["lost"] - st["duplicates"] == got
+    assert st["messages"] <= 2 * 400 and st["duplicates"] > 0 and 0.65 < got / 400 < 0.85  # 0.75
+
+
+def test_arq_with_no_retries_is_the_plain_unreliable_send_and_needs_an_unreliable_send():
+    def old_schedule(link, nbytes, now):  # before the ARQ: one transmission, one draw
+        start = max(now, link.channel.free_at)
+        end = link.channel.free_at = start + link.tx_time(nbytes, start)
+        lost = link.rng.random() < link.cfg.loss
+        return [(start, end, "lost" if lost else "send")], None if lost else end + link.cfg.latency_s
+
+    cfg = {"num_devices": 2, "link": {"bandwidth_bps": 1e6, "loss": 0.3, "latency_s": 0.002}}
+    new, old = cluster(**cfg).link("dev0", "dev1"), cluster(**cfg).link("dev0", "dev1")
+    for i in range(200):
+        assert new.schedule(1000 + i, 0.001 * i, reliable=False, retries=0, ack_loss=0.9) == old_schedule(old, 1000 + i, 0.001 * i)
+    assert new.rng.getstate() == old.rng.getstate()
+    with pytest.raises(ValueError, match="retries"):
+        new.schedule(1000, 0.0, reliable=True, retries=2)
+    with pytest.raises(ValueError, match="retries=2"):
+        _send_times(cluster(num_devices=2), [4000], retries=2)  # reliable=True with retries
 
 def test_cluster_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"cluster.links.dev0->dev9"):

@@ -6,6 +6,7 @@ programs talk only through this interface, so the same program runs on the virtu
 
     out = await ctx.compute(work, fn, *args)   # run fn; the device's time model prices `work`
     ctx.send(dst_role, tag, tensor)            # non-blocking; the link carries the bytes
+    ctx.send(dst_role, tag, tensor, reliable=False, retries=3)  # lossy; a bounded ARQ
     x = await ctx.recv(src_role, tag)          # FIFO per (src, dst, tag); PeerLost if src died
     t = ctx.now()                              # seconds since the run started (virtual on sim)
     await ctx.sleep(dt); await ctx.sleep_until(t)
@@ -36,6 +37,13 @@ class PeerLost(PipelabError):
         self.role = role
 
 
+def check_retries(reliable: bool, retries: int) -> None:
+    if reliable and retries:
+        raise ValueError(f"send: retries={retries} is for unreliable sends (reliable=False); a reliable send retransmits until delivered")
+    if retries < 0:
+        raise ValueError(f"send: retries must be >= 0, got {retries}")
+
+
 class RoleContext(ABC):
     role: str
     device_name: str
@@ -49,8 +57,14 @@ class RoleContext(ABC):
         ...
 
     @abstractmethod
-    def send(self, dst: str, tag: str, tensor: torch.Tensor | dict, *, iteration=0, microbatch=0, reliable=True) -> None:
-        ...
+    def send(self, dst: str, tag: str, tensor: torch.Tensor | dict, *, iteration=0, microbatch=0, reliable=True, retries=0) -> None:
+        """Send `tensor` (or a dict of tensors) to role `dst`; returns at once.
+
+        `reliable`: the link retransmits until the message arrives (as TCP). Unreliable: a lost
+        message never arrives (the link's loss), unless `retries` = k > 0 asks for the link's
+        stop-and-wait ARQ: the receiver acknowledges each copy it gets over the reverse link (as
+        lossy), the sender sends again after the link's `retransmit_timeout_s` while no ACK came
+        back, at most k times; the receiver gets the message once (framework.cluster.Link.schedule)."""
 
     @abstractmethod
     async def recv(self, src: str, tag: str, timeout: float | None = None):

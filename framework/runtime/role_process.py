@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from framework.cluster import Work
 from framework.errors import PipelabError, WireError
-from framework.runtime.base import PeerLost, RoleContext
+from framework.runtime.base import PeerLost, RoleContext, check_retries
 from framework.runtime.control import COORDINATOR, CTL, ctl_pack, ctl_unpack
 
 
@@ -88,13 +88,14 @@ class LocalContext(RoleContext):
         self.timeline.append(["c", self.role, work.kind, start, self.now(), iteration, microbatch, group])
         return result
 
-    def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True) -> None:
+    def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True, retries=0) -> None:
         self._raise()
+        check_retries(reliable, retries)
         if dst in self._lost and self._lost[dst].is_set():
             return  # nobody will read it
         tensors = tensor if isinstance(tensor, dict) else {"x": tensor}
         data, nbytes, raw = self.codec.encode(tensors, src=self.role, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
-        self._enqueue(dst, (self.now(), tag, data, nbytes, raw, iteration, microbatch, reliable))
+        self._enqueue(dst, (self.now(), tag, data, nbytes, raw, iteration, microbatch, reliable, retries))
 
     def _enqueue(self, dst: str, item: tuple, emulate: bool | None = None) -> None:
         """Hand one message to `dst`'s outbox (made on first use); it counts as pending until sent."""
@@ -166,7 +167,7 @@ class LocalContext(RoleContext):
     def _spawn_ctl(self, header: dict) -> None:
         # progress goes out in call order, through the coordinator's outbox (never link-emulated)
         data = ctl_pack(header)
-        self._enqueue(COORDINATOR, (self.now(), CTL, data, len(data), len(data), -1, -1, True), emulate=False)
+        self._enqueue(COORDINATOR, (self.now(), CTL, data, len(data), len(data), -1, -1, True, 0), emulate=False)
 
     async def flush(self) -> None:
         for box in list(self._outboxes.values()):
@@ -190,6 +191,7 @@ class _Outbox:
         emulate = ctx.cfg.emulate_links if emulate is None else emulate
         dst_device = ctx.role_devices.get(dst)  # None for the coordinator
         self.link = ctx.cluster.link(ctx.device_name, dst_device) if emulate and dst_device else None
+        self.ack_loss = ctx.cluster.link(dst_device, ctx.device_name).cfg.loss if self.link is not None else 0.0  # ACKs cross the reverse link
         self.name = f"{ctx.device_name}->{dst_device or dst}"
         self.queue: asyncio.Queue = asyncio.Queue()
         self.idle = asyncio.Event()
@@ -207,15 +209,14 @@ class _Outbox:
         ctx = self.ctx
         try:
             while True:
-                t_sent, tag, data, nbytes, raw, it, mb, reliable = await self.queue.get()
+                t_sent, tag, data, nbytes, raw, it, mb, reliable, retries = await self.queue.get()
                 if self.link is not None:
-                    attempts, arrival = self.link.schedule(nbytes, max(t_sent, ctx.now()), reliable)
+                    attempts, arrival = self.link.schedule(nbytes, max(t_sent, ctx.now()), reliable, retries, self.ack_loss if retries else 0.0)
                     wait = (arrival if arrival is not None else attempts[-1][1]) - ctx.now()
                     if wait > 0:
                         await asyncio.sleep(wait)
-                    for i, (s, e) in enumerate(attempts):
-                        lost = i < len(attempts) - 1 or arrival is None
-                        ctx.timeline.append(["t", self.name, s, e, nbytes, it, mb, "lost" if lost else "send", raw])
+                    for s, e, outcome in attempts:
+                        ctx.timeline.append(["t", self.name, s, e, nbytes, it, mb, outcome, raw])
                     if arrival is None:
                         ctx.stats["lost"] += 1
                     else:

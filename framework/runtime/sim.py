@@ -20,7 +20,7 @@ import torch
 from framework.clock import VirtualClockLoop, run_virtual
 from framework.cluster import Cluster, Work
 from framework.errors import ConfigError
-from framework.runtime.base import RoleContext, Runtime, RuntimeHooks
+from framework.runtime.base import RoleContext, Runtime, RuntimeHooks, check_retries
 from framework.runtime.deferred import DeferredCompute
 
 
@@ -120,8 +120,8 @@ class SimContext(RoleContext):
             queue.release()
         return result if call is None else call.result()
 
-    def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True) -> None:
-        self.rt.send(self.role, dst, tag, tensor, iteration, microbatch, reliable)
+    def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True, retries=0) -> None:
+        self.rt.send(self.role, dst, tag, tensor, iteration, microbatch, reliable, retries)
 
     async def recv(self, src: str, tag: str, timeout: float | None = None):
         box = self.rt.mailbox(src, self.role, tag)
@@ -173,9 +173,10 @@ class SimRuntime(Runtime):
     def mailbox(self, src: str, dst: str, tag: str) -> _Mailbox:
         return self._mailboxes[(src, dst, tag)]
 
-    def send(self, src, dst, tag, payload, iteration, microbatch, reliable) -> None:
+    def send(self, src, dst, tag, payload, iteration, microbatch, reliable, retries=0) -> None:
         if dst not in self.contexts:
             raise ConfigError("scheduler", f"role {src!r} sends to unknown role {dst!r}; roles: {', '.join(self.contexts)}")
+        check_retries(reliable, retries)
         tensors = payload if isinstance(payload, dict) else {"x": payload}
         box = self.mailbox(src, dst, tag)
         a, b = self.contexts[src].device_name, self.contexts[dst].device_name
@@ -196,11 +197,12 @@ class SimRuntime(Runtime):
             raw_bytes = nbytes
         enc_s = self.codec.codec_seconds("encode", tag, tensors, time.perf_counter() - t0)
 
+        ack_loss = self.cluster.link(b, a).cfg.loss if retries else 0.0  # ACKs cross the reverse link
+
         def transmit(t_ready: float) -> None:
-            attempts, arrival = link.schedule(nbytes, t_ready, reliable)
-            for i, (s, e) in enumerate(attempts):
-                lost = i < len(attempts) - 1 or arrival is None
-                self.timeline.transfer(link.name, s, e, nbytes, iteration, microbatch, "lost" if lost else "send", raw_bytes)
+            attempts, arrival = link.schedule(nbytes, t_ready, reliable, retries, ack_loss)
+            for s, e, outcome in attempts:
+                self.timeline.transfer(link.name, s, e, nbytes, iteration, microbatch, outcome, raw_bytes)
             if arrival is None:
                 self.messages_lost += 1
                 return
@@ -292,8 +294,8 @@ class SimRuntime(Runtime):
             "now": now,
             "order": self._resume_order,
             "channels": {ch.name: ch.free_at for ch in self.cluster.channels},
-            # the links used so far (a link is built on first use); a loss-free link never draws
-            "links": {link.name: ck.random_state(link.rng) if link.cfg.loss > 0 else None for link in self.cluster.links.values()},
+            # the links used so far (a link is built on first use); a loss-free link draws only ACK losses
+            "links": {link.name: ck.random_state(link.rng) if link.cfg.loss > 0 or link.drew_acks else None for link in self.cluster.links.values()},
             "messages_lost": self.messages_lost,
             "timeline": self.timeline.checkpoint(bag, f"{prefix}.timeline"),
             "torch_rng": bag.put(f"{prefix}.rng", {"torch": torch.get_rng_state()}),
@@ -318,6 +320,7 @@ class SimRuntime(Runtime):
             link = self.cluster.link(*name.split("->"))
             if state is not None:
                 ck.set_random_state(link.rng, state)
+                link.drew_acks = True
         channels = {ch.name: ch for ch in self.cluster.channels}
         for name, free_at in desc["channels"].items():
             channels[name].free_at = free_at
