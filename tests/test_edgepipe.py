@@ -185,7 +185,7 @@ def test_channel_prr_drives_the_links_and_the_mapping(tmp_path):
 @pytest.mark.parametrize("key,value,choices", [("partition_class", "diagonal", "vertical, hybrid, horizontal"),
                                                ("mapping", "best", "ga, random, upper, identity"),
                                                ("bwd_mode", "ghost", "masked, phantom"), ("init", "he", "glorot, model"),
-                                               ("recovery", "ack", "none, rtx")])
+                                               ("recovery", "arq", "none, rtx, ack")])
 def test_bad_choices_fail_before_running_naming_key_and_choices(tmp_path, key, value, choices):
     with pytest.raises(ConfigError) as e:
         job_for(tmp_path, [f"scheduler.{key}={value}"])
@@ -287,3 +287,67 @@ def test_the_edgepipe_preset_is_the_papers_setting(tmp_path):
     assert len(job.scheduler.role_devices()) == 6 and job.scheduler.partition.m_layers == 2
     assert abs(summ["plan"]["mean_prr"] - 0.809) <= 0.01, summ["plan"]  # the calibrated channel (paper: 80.9 %)
     assert plan["partition"] and plan["mapping"] and plan["prr"] and plan["messages_per_minibatch"] == 28  # recorded for the timeline and reports
+
+
+def test_a_time_budget_trains_theorem1s_minibatches_across_data_epochs(tmp_path):
+    """budget_min on a fixed 1 s slot, unpipelined (2L - 1 = 11 slots a minibatch): 150 slots hold
+    1 + (150 - 11) // 11 = 13 minibatches, two data epochs of 6 and one minibatch of the third, as
+    one continuous schedule; no loss, so the weights are plain SGD over those 13 minibatches."""
+    over = LOSSLESS + ["scheduler.pipeline=false", "scheduler.slot_s=1.0", "scheduler.budget_min=2.5", "scheduler.lossy_test_passes=0"]
+    job = job_for(tmp_path, over)
+    ref = copy.deepcopy(job.model)
+    job.run()
+    summ = json.loads((job.out_dir / "summary.json").read_text())
+    plan = json.loads((job.out_dir / "plan.json").read_text())
+    n = 1 + (int(2.5 * 60 / 1.0) - 11) // 11
+    assert n == 13 and plan["budget"]["minibatches"] == n and summ["edgepipe"]["budget"]["minibatches"] == n
+    assert plan["budget"] == {"budget_min": 2.5, "minibatches": 13, "slots": 143, "predicted_s": 143.0, "data_epochs": 3,
+                              "paper_epoch_step": [3, 1], "minibatches_per_data_epoch": 6}
+    assert summ["iterations"] == n and summ["virtual_time_s"] == pytest.approx(143.0, rel=1e-12)  # <= the budget's 150 s
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    done = 0
+    for epoch in range(3):
+        for x, y in job.context.train_batches(epoch)[: n - done]:
+            opt.zero_grad()
+            F.cross_entropy(ref(x), y).backward()
+            opt.step()
+            done += 1
+    a, b = job.final_model().state_dict(), ref.state_dict()
+    assert done == n and max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-10
+    # pipelined Hybrid: 11 slots for the first minibatch, then one per 2M = 4 slots (Theorem 1)
+    piped = job_for(tmp_path, LOSSLESS + ["scheduler.slot_s=1.0", "scheduler.budget_min=1.0"], "piped").scheduler.plan()
+    assert piped["budget"]["minibatches"] == 1 + (60 - 11) // 4 == 13 and piped["budget"]["slots"] == 59
+    with pytest.raises(ConfigError, match="train.epochs"):
+        job_for(tmp_path, ["scheduler.budget_min=1.0", "train.epochs=2"], "two")
+    with pytest.raises(ConfigError, match="budget_min"):
+        job_for(tmp_path, ["scheduler.slot_s=1.0", "scheduler.budget_min=0.1"], "short")  # 6 slots < the first minibatch's 11
+
+
+def test_ack_retransmits_lost_messages_and_counts_its_frames(tmp_path):
+    """recovery=ack (the links' bounded ARQ): on lossless links one data frame and one ACK per
+    message and the same training as without recovery; on PRR 0.8 links (data and ACKs) ~1.5 data
+    frames and ~2.6 frames with ACKs per message (the study's gate: [1.5, 3]), almost every message delivered,
+    and every layer's applied-update fraction at least that without recovery."""
+    base = ["scheduler.mapping=identity", "scheduler.lossy_test_passes=0"]
+    plain, _, s0 = run(tmp_path, LOSSLESS + base, "plain")
+    ack, _, s1 = run(tmp_path, LOSSLESS + base + ["scheduler.recovery=ack"], "ack")
+    t = s1["edgepipe"]["transmissions"]
+    assert t["recovery"] == "ack" and t["data_per_message"] == 1.0 and t["packets_per_message"] == 2.0 and t["delivered_frac"] == 1.0
+    assert s0["edgepipe"]["transmissions"]["data_per_message"] == s0["edgepipe"]["transmissions"]["packets_per_message"] == 1.0
+    a, b = plain.final_model().state_dict(), ack.final_model().state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert ack.scheduler.plan()["max_transmissions_per_message"] == 4
+    prr = np.full((6, 6), 0.8)
+    _, _, lossy = run(tmp_path, base, "lossy", prr=prr)
+    _, _, rec = run(tmp_path, base + ["scheduler.recovery=ack"], "lossy_ack", prr=prr)
+    t = rec["edgepipe"]["transmissions"]
+    assert 1.0 < t["data_per_message"] <= 4 and 1.5 <= t["packets_per_message"] <= 3.0, t
+    assert t["delivered_frac"] > 0.99 and lossy["messages_lost"] > 0
+    assert rec["messages_lost"] == round(t["messages"] * (1 - t["delivered_frac"]))  # the links' count of undelivered messages
+    links = rec["links"].values()
+    assert t["data_frames"] - t["ack_frames"] == sum(st["lost"] for st in links) > 0  # every frame that arrived was ACKed
+    assert sum(st["duplicates"] for st in links) > 0  # lost ACKs made the link send a received frame again
+    for k in ("bwd_applied", "fwd_arrival"):
+        assert all(rec["edgepipe"][k][l] >= lossy["edgepipe"][k][l] for l in lossy["edgepipe"][k]), (k, rec["edgepipe"][k], lossy["edgepipe"][k])
+    _, _, rtx = run(tmp_path, base + ["scheduler.recovery=rtx"], "lossy_rtx", prr=prr)
+    assert rtx["edgepipe"]["transmissions"]["data_per_message"] == rtx["edgepipe"]["transmissions"]["packets_per_message"] == 2.0

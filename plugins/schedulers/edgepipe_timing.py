@@ -185,3 +185,20 @@ def packets_per_device_per_s(p: Partition, slot_s: float | None = None, pipeline
     (Hybrid 28 / 6 / (4 x 0.31133 s) = 3.75, the paper's Fig. 6(a) figure)."""
     t = table_ii_slot_ms(p) / 1e3 if slot_s is None else slot_s
     return len(messages(p)) / len(p.super_neurons) / (cycle_slots(p, pipeline) * t)
+
+
+class ScheduleCache:
+    """The latest schedule length's ops per super neuron, shared by the roles of one process."""
+
+    def __init__(self, p: Partition, pipeline: bool):
+        self.p, self.pipeline, self.n, self.by_sn, self.last = p, pipeline, None, {}, 0
+
+    def ops_of(self, sn: int, n_data: int) -> tuple[list[Op], int]:
+        """Super neuron sn's ops of an n_data-minibatch schedule, and the schedule's last slot."""
+        if n_data != self.n:
+            every = schedule(self.p, n_data, self.pipeline)
+            self.by_sn = {}
+            for op in every:
+                self.by_sn.setdefault(op.sn, []).append(op)
+            self.n, self.last = n_data, total_slots(every)
+        return self.by_sn.get(sn, []), self.last

@@ -127,7 +127,9 @@ class SuperNeuronConfig(SchedulerConfig):
     slot_s: Optional[float] = None  # null: worst op compute + worst message transfer + slot_margin_s, from the cluster's models
     slot_margin_s: float = 0.1  # Eq. 4's margin
     init: str = "glorot"  # glorot (Glorot-uniform weights, zero biases: the notes' default for TF 1.15) | model (the model plugin's init)
-    recovery: str = "none"  # none (the paper's EdgePipe) | rtx (every message sent rtx_copies times; Fig. 9(f))
+    recovery: str = "none"  # none (the paper's EdgePipe) | rtx (every message sent rtx_copies times) | ack (retransmit until ACKed; Fig. 9(f))
     rtx_copies: int = 2
+    ack_max_retries: int = 3  # ack: retransmissions per message at most (the notes' default; the paper gives no cap)
+    budget_min: Optional[float] = None  # train for this many simulated minutes (Table III: 194) instead of train.epochs; null = train.epochs
     lossy_test_passes: int = 10  # after training: test passes through the lossy forward (one draw per link and layer per pass)
     lossy_test_seed: int = 0

@@ -11,7 +11,10 @@ The planning layer (edgepipe_partition / _channel / _mapping / _timing) makes th
   the coordinator measures with probe packets;
 - the slot length: the worst op of any super neuron priced by its device's time model (a neuron
   chunk costs its share of the layer's work), plus the slowest message on its link, plus a margin
-  (Eq. 4's structure on the cluster's models), or `slot_s` as given.
+  (Eq. 4's structure on the cluster's models), or `slot_s` as given; with recovery (r-TX, ACK:
+  edgepipe_recovery) the slot holds every copy or retry of the slowest message;
+- with `budget_min`, the minibatches that fit in that many minutes of this slot clock
+  (edgepipe_budget; Table III's 194 min), trained as one pipeline across data epochs.
 
 The roles (plugins.schedulers.super_neuron_roles) run Eq. 2's schedule on that slot clock. Only
 `runtime=sim`: the roles are separate state owners that talk by message, but the slot deadlines and
@@ -32,9 +35,11 @@ from framework import wire
 from framework.cluster import Work
 from framework.errors import ConfigError
 from framework.scheduler import Role, Scheduler
+from plugins.schedulers import edgepipe_budget as budget
 from plugins.schedulers import edgepipe_channel as channel
 from plugins.schedulers import edgepipe_mapping as mapping
 from plugins.schedulers import edgepipe_partition as part
+from plugins.schedulers import edgepipe_recovery as recovery
 from plugins.schedulers import edgepipe_timing as timing
 from plugins.schedulers.schemas import SuperNeuronConfig  # noqa: F401  (registry.declare)
 
@@ -42,7 +47,7 @@ log = logging.getLogger(__name__)
 
 MAPPINGS = ("ga", "random", "upper", "identity")
 BWD_MODES = ("masked", "phantom")
-RECOVERIES = ("none", "rtx")
+RECOVERIES = recovery.RECOVERIES
 INITS = ("glorot", "model")
 PRR_SOURCES = ("channel", "given", "cluster")
 
@@ -99,13 +104,27 @@ class SuperNeuron(Scheduler):
         self.perm = tuple(self._plan["mapping"]["perm"])
         self.slot_s = float(self._plan["slot_s"])
         self._apply_prr(np.array(self._plan["prr"]["true"], dtype=float))
+        self._apply_ack_wait()
         self.eval_copy = None
+        b = self._plan.get("budget")
+        self.budget_data = budget.BudgetData(ctx, b["minibatches"]) if b else None
+        self._ops = timing.ScheduleCache(self.partition, bool(cfg.pipeline))
         self.roles: dict[str, Role] = {}  # built here (runtime=sim): the lossy test reads their weights
 
     @property
     def copies(self) -> int:
-        """Transmissions per message: 1, or r-TX's copies."""
+        """Copies sent of every message: r-TX's, else 1 (ACK retransmits only what it must)."""
         return int(self.cfg.rtx_copies) if self.cfg.recovery == "rtx" else 1
+
+    def iterations_per_epoch(self) -> int:
+        """With a time budget the framework's one epoch is the whole budget (edgepipe_budget)."""
+        b = self._plan.get("budget")
+        return b["minibatches"] if b else self.ctx.iterations_per_epoch()
+
+    def ops_of(self, s: int, n_data: int) -> tuple[list, int]:
+        """Super neuron s's ops of an n_data-minibatch schedule and its last slot (built once for
+        all roles: a 194-minute budget has ~250 k ops)."""
+        return self._ops.ops_of(s, n_data)
 
     # ---- configuration -----------------------------------------------------------------------
 
@@ -123,6 +142,8 @@ class SuperNeuron(Scheduler):
             raise ConfigError("scheduler.slot_margin_s", f"must be >= 0, got {cfg.slot_margin_s}")
         if int(cfg.rtx_copies) < 1:
             raise ConfigError("scheduler.rtx_copies", f"must be >= 1, got {cfg.rtx_copies}")
+        recovery.check(cfg, self.ctx.cfg)
+        budget.check(cfg, self.ctx.cfg)
         if int(cfg.lossy_test_passes) < 0:
             raise ConfigError("scheduler.lossy_test_passes", f"must be >= 0, got {cfg.lossy_test_passes}")
         if cfg.prr.source == "given" and not cfg.prr.matrix:
@@ -176,6 +197,17 @@ class SuperNeuron(Scheduler):
                 if i != j:
                     self.ctx.cluster.link(a, b).set_loss(1.0 - float(true[i, j]))
 
+    def _apply_ack_wait(self) -> None:
+        """recovery=ack: the links' ARQ sends again once the ACK is overdue (802.15.4's ACK wait),
+        not after a TCP-like timeout that would push every retry out of its slot."""
+        if self.cfg.recovery != "ack":
+            return
+        cl = self.ctx.cluster
+        for a in self.devices:
+            for b in self.devices:
+                if a != b:
+                    cl.link(a, b).cfg.retransmit_timeout_s = recovery.ack_wait_s(cl, a, b)
+
     def _map(self, measured: np.ndarray) -> mapping.Mapping:
         cfg, sn = self.cfg, part.snnet(self.partition)
         if cfg.mapping == "identity" or len(self.devices) == 1:
@@ -206,10 +238,12 @@ class SuperNeuron(Scheduler):
 
     def _slot(self, perm) -> dict:
         comp = max((t for s in range(len(perm)) for t in self.op_seconds(s, perm).values()), default=0.0)
-        radio = 0.0
+        radio, tx = 0.0, recovery.max_transmissions(self.cfg)
         for m in part.messages(self.partition):
-            link = self.ctx.cluster.link(self.devices[perm[m.src]], self.devices[perm[m.dst]])
-            radio = max(radio, link.tx_time(self.message_bytes(m.width), 0.0) * self.copies + link.cfg.latency_s)
+            a, b = self.devices[perm[m.src]], self.devices[perm[m.dst]]
+            link = self.ctx.cluster.link(a, b)
+            ack = recovery.ack_wait_s(self.ctx.cluster, a, b) if self.cfg.recovery == "ack" else 0.0  # each attempt's ACK wait
+            radio = max(radio, (link.tx_time(self.message_bytes(m.width), 0.0) + ack) * tx + link.cfg.latency_s)
         derived = comp + radio + float(self.cfg.slot_margin_s)
         if self.cfg.slot_s is not None and float(self.cfg.slot_s) < comp + radio:
             log.warning("scheduler.slot_s=%s is shorter than the worst op plus the slowest message (%.6g s): ops overrun their slots "
@@ -225,6 +259,13 @@ class SuperNeuron(Scheduler):
         counts = part.message_counts(p, perm=mp.perm)
         pipe = bool(self.cfg.pipeline)
         slot = self._slot(mp.perm)
+        extra = {}
+        if self.cfg.budget_min is not None:
+            try:
+                extra["budget"] = budget.budget_plan(p, float(self.cfg.budget_min), pipe, slot["slot_s"], n_data)
+            except ValueError as e:
+                raise ConfigError("scheduler.budget_min", str(e)) from None
+        n_run = extra["budget"]["minibatches"] if extra else n_data
         return {
             "scheduler": self.cfg.name,
             "partition": {"class": p.kind, "effective_class": p.effective_class, "sizes": list(p.sizes), "groups": [list(g) for g in p.groups],
@@ -242,15 +283,17 @@ class SuperNeuron(Scheduler):
             "pipeline": pipe and timing.pipelined(p),
             "weight_stashing": bool(self.cfg.weight_stashing),
             "recovery": self.cfg.recovery,
-            "transmissions_per_message": self.copies,
+            "max_transmissions_per_message": recovery.max_transmissions(self.cfg),
+            "ack_max_retries": int(self.cfg.ack_max_retries) if self.cfg.recovery == "ack" else None,
             "bwd_mode": self.cfg.bwd_mode,
             **slot,
             "cycle_slots": timing.cycle_slots(p, pipe),
-            "slots_per_epoch": timing.slots_for(p, n_data, pipe),
-            "predicted_epoch_s": timing.slots_for(p, n_data, pipe) * slot["slot_s"],
+            "slots_per_epoch": timing.slots_for(p, n_run, pipe),
+            "predicted_epoch_s": timing.slots_for(p, n_run, pipe) * slot["slot_s"],
             "predicted_iter_s": timing.cycle_slots(p, pipe) * slot["slot_s"],
             "paper_table_ii_slot_ms": timing.table_ii_slot_ms(p),
             "iterations_per_epoch": n_data,
+            **extra,
         }
 
     def plan(self) -> dict:
@@ -299,8 +342,14 @@ class SuperNeuron(Scheduler):
         rate = {k: {str(l): (ok / n if n else 1.0) for l, (ok, n) in acc.items()} for k, acc in (("fwd_arrival", fw), ("bwd_applied", bw))}
         out["summary"]["plan"] = {k: pl[k] for k in ("messages_per_minibatch", "max_message_width", "slot_s", "coordinator", "pipeline")}
         out["summary"]["plan"].update(partition_class=pl["partition"]["class"], mapping=pl["mapping"]["devices"], mean_prr=pl["prr"]["mean_true"])
-        out["summary"]["edgepipe"] = {"messages_sent_per_sn_pair": sent.tolist(), "messages_sent": int(sent.sum()), **rate,
+        links = {f"{a}->{b}" for a in self.devices for b in self.devices if a != b}
+        over_links = sum(int(sent[s, t]) for s in range(len(self.perm)) for t in range(len(self.perm)) if self.perm[s] != self.perm[t])
+        tx = recovery.summarize({l: st for l, st in timeline.link_stats().items() if l in links}, over_links, str(self.cfg.recovery))
+        out["summary"]["edgepipe"] = {"messages_sent_per_sn_pair": sent.tolist(), "messages_sent": int(sent.sum()), **rate, "transmissions": tx,
                                       "reporter": min(s for s, _, _ in self.partition.holders(L))}
+        if pl.get("budget"):
+            out["summary"]["edgepipe"]["budget"] = pl["budget"]
+        out["metrics"].update({"net/data_per_message": tx["data_per_message"], "net/packets_per_message": tx["packets_per_message"]})
         out["metrics"].update({"plan/messages_per_minibatch": pl["messages_per_minibatch"], "plan/predicted_iter_s": pl["predicted_iter_s"],
                                "plan/slot_s": pl["slot_s"], "plan/mean_prr": pl["prr"]["mean_true"], "net/messages_sent": int(sent.sum())})
         lossy = self._lossy_test()
@@ -325,7 +374,7 @@ class SuperNeuron(Scheduler):
             model = self.eval_model({r: role.state() for r, role in self.roles.items()})
             layers = [(linear_of(u).weight.detach(), linear_of(u).bias.detach()) for u in model.units]
             true = np.array(self._plan["prr"]["true"], dtype=float)
-            sn_prr = 1.0 - (1.0 - mapping.device_prr_for_super_neurons(true, self.perm)) ** self.copies
+            sn_prr = recovery.delivery_prr(mapping.device_prr_for_super_neurons(true, self.perm), recovery.max_transmissions(self.cfg))
             x, y = self.ctx.dataset.split("test")
             return lossy_test(self.partition, layers, x, y, sn_prr, passes, int(self.cfg.lossy_test_seed))
         except Exception as e:  # a failed run's report must not hide its own error

@@ -20,6 +20,9 @@ l >= 2 it holds, of neurons S = [lo, hi), the incoming weights W_l[S, :] and bia
   `bwd_mode: masked`; `phantom` sends them anyway), and one SGD step on the latest weights.
 
 Messages carry the minibatch id; one that arrives after its slot started is late and dropped.
+With recovery (edgepipe_recovery) a message goes as r-TX's copies or with the link's ACK
+retries. With a time budget (edgepipe_budget) one schedule runs over all its minibatches, across
+data epochs.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ import torch.nn.functional as F
 
 from framework.cluster import Work
 from framework.scheduler import Role
-from plugins.schedulers.edgepipe_timing import schedule
 from plugins.schedulers.super_neuron import linear_of
 
 
@@ -53,6 +55,7 @@ class SuperNeuronRole(Role):
         self.masked = sched.cfg.bwd_mode == "masked"
         self.pipeline = bool(sched.cfg.pipeline)
         self.copies = sched.copies
+        self.retries = int(sched.cfg.ack_max_retries) if sched.cfg.recovery == "ack" else 0  # the link's ARQ
         # the owned parameters, cut from the seeded initial model; updates make new tensors, so a
         # stash keeps the version its forward used by reference
         self.W, self.b, self.buf = {}, {}, {}
@@ -86,9 +89,11 @@ class SuperNeuronRole(Role):
     # ---- messages ----------------------------------------------------------------------------
 
     def _send(self, ctx, dst: int, tag: str, x: torch.Tensor, gid: int) -> None:
-        """One message, unreliable; r-TX sends its copies back to back (the receiver keeps one)."""
+        """One message, unreliable; r-TX sends its copies back to back, ACK has the link retransmit
+        it until acknowledged (the receiver keeps one)."""
+        payload = {"x": x, "id": torch.tensor([gid], dtype=torch.int64)}
         for _ in range(self.copies):
-            ctx.send(f"sn{dst}", tag, {"x": x, "id": torch.tensor([gid], dtype=torch.int64)}, iteration=gid, reliable=False)
+            ctx.send(f"sn{dst}", tag, payload, iteration=gid, reliable=False, retries=self.retries)
         self.sent[f"sn{dst}"] += 1
 
     async def _take(self, ctx, src: int, tag: str, gid: int):
@@ -129,26 +134,31 @@ class SuperNeuronRole(Role):
 
     async def run(self, ctx) -> None:
         sched = self.sched
-        T = sched.slot_s
+        if sched.budget_data is not None:  # the whole budget: one pipeline, one framework epoch
+            await self._span(ctx, 0, sched.budget_data)
+            return
         for epoch in range(self.first_epoch, int(sched.ctx.cfg.train.epochs)):
-            data = sched.ctx.train_batches(epoch)
-            t0 = ctx.now()
-            every = schedule(self.p, len(data), self.pipeline)
-            ops = [op for op in every if op.sn == self.s]
-            for op in ops:
-                await ctx.sleep_until(t0 + (op.slot - 1) * T)
-                x, y = data[op.data - 1]
-                gid = self.data_base + op.data
-                if op.kind == "FW":
-                    await self.forward(ctx, op.layer, gid, x)
-                else:
-                    await self.backward(ctx, op.layer, gid, y, epoch, op.data - 1)
-            self.data_base += len(data)
-            # the epoch ends with its last slot: what is still on its way lands by then, and what
-            # came too late is dropped, so nothing is left in flight at the epoch's end
-            await ctx.sleep_until(t0 + max(op.slot for op in every) * T)
-            await self._drain(ctx)
-            await ctx.end_epoch(epoch)
+            await self._span(ctx, epoch, sched.ctx.train_batches(epoch))
+
+    async def _span(self, ctx, epoch: int, data) -> None:
+        """Eq. 2's schedule over the minibatches `data`, then the framework's epoch end."""
+        T = self.sched.slot_s
+        t0 = ctx.now()
+        ops, last = self.sched.ops_of(self.s, len(data))
+        for op in ops:
+            await ctx.sleep_until(t0 + (op.slot - 1) * T)
+            x, y = data[op.data - 1]
+            gid = self.data_base + op.data
+            if op.kind == "FW":
+                await self.forward(ctx, op.layer, gid, x)
+            else:
+                await self.backward(ctx, op.layer, gid, y, epoch, op.data - 1)
+        self.data_base += len(data)
+        # the epoch ends with its last slot: what is still on its way lands by then, and what
+        # came too late is dropped, so nothing is left in flight at the epoch's end
+        await ctx.sleep_until(t0 + last * T)
+        await self._drain(ctx)
+        await ctx.end_epoch(epoch)
 
     async def forward(self, ctx, l: int, gid: int, x: torch.Tensor) -> None:
         lo, hi = self.chunks[l]
