@@ -199,6 +199,13 @@ class Link:
             raise ConfigError(f"cluster.links.{self.name}.loss", f"must be in [0, 1], got {loss}")
         self.cfg.loss = float(loss)
 
+    def set_retransmit_timeout(self, seconds: float) -> None:
+        """Set how long a sender waits before sending a lost message again (a radio MAC's ACK wait
+        rather than the config's TCP-like timeout, for a scheduler whose retries must fit a slot)."""
+        if not seconds >= 0:
+            raise ConfigError(f"cluster.links.{self.name}.retransmit_timeout_s", f"must be >= 0, got {seconds}")
+        self.cfg.retransmit_timeout_s = float(seconds)
+
     def bandwidth_at(self, t: float) -> float:
         bw = self.cfg.bandwidth_bps
         if self.trace:

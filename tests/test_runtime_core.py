@@ -146,6 +146,13 @@ def test_a_link_set_to_lose_everything_drops_unreliable_sends_and_refuses_reliab
     assert all(n is None for _, n in arrivals) and rt.messages_lost == 10
     with pytest.raises(ConfigError, match=r"retransmitted for ever"):
         link.schedule(4000, 0.0, reliable=True)
+    with pytest.raises(ConfigError, match=r"retransmit_timeout_s.*>= 0"):
+        link.set_retransmit_timeout(-1.0)
+    back = c.link("dev1", "dev0")
+    back.set_loss(0.5)
+    back.set_retransmit_timeout(0.25)
+    attempts, _ = back.schedule(4000, 10.0, reliable=True)
+    assert all(b[0] >= a[1] + 0.25 for a, b in zip(attempts, attempts[1:]))  # each resend waits the set timeout
     attempts, arrival = link.schedule(4000, 0.0, reliable=False, retries=3)  # bounded: gives up
     assert arrival is None and [o for _, _, o in attempts] == ["lost"] * 4
 

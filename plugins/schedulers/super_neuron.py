@@ -206,7 +206,7 @@ class SuperNeuron(Scheduler):
         for a in self.devices:
             for b in self.devices:
                 if a != b:
-                    cl.link(a, b).cfg.retransmit_timeout_s = recovery.ack_wait_s(cl, a, b)
+                    cl.link(a, b).set_retransmit_timeout(recovery.ack_wait_s(cl, a, b))
 
     def _map(self, measured: np.ndarray) -> mapping.Mapping:
         cfg, sn = self.cfg, part.snnet(self.partition)
