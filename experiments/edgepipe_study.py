@@ -1,12 +1,8 @@
 """EdgePipe reproduction study (Yoon et al., IEEE IoT-J 2022): one command, one report.
 
-    python experiments/edgepipe_study.py            # 3 seeds, the 194-minute budget (~12 min on 2 cores, estimated*)
+    python experiments/edgepipe_study.py            # 3 seeds, the 194-minute budget (11 min 45 s on 2 cores, measured)
     python experiments/edgepipe_study.py --quick    # 1 seed, a tenth of the budget (42-50 s on 2 cores, measured)
     python experiments/edgepipe_study.py --only hybrid --only vertical
-
-* Not run in full yet. Single full-budget runs, seed 0, measured on an idle 2-core box: Hybrid
-  28 s, Vertical 19 s, Horizontal 64 s, Hybrid + ACK 24 s (the others are like Hybrid or
-  shorter), so ~4 min a seed; twice that or more while other jobs share the cores.
 
 On the calibrated channel (experiment=edgepipe: mean PRR 0.809, topology_seed 6, GA mapping),
 for each training seed, every configuration trains for the paper's 194 simulated minutes on its
