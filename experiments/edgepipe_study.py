@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.study_runs import run_job  # noqa: E402
+
 # dataset.n_val=0: train on all 60 k images, 600 minibatches a data epoch, as the paper counts
 # "epoch e, step s" (the preset holds 5 k out for validation, which this study never reads)
 FAST = ["tracking=none", "runtime.progress=false", "dataset.n_val=0"]
@@ -61,19 +63,7 @@ PAPER = {"hybrid": (80.01, 9356, ""), "vertical": (80.01 - 18.05, 10750, "derive
 
 def run(overrides: list[str], out: Path) -> dict:
     """One run; its summary.json (plan and summary)."""
-    from hydra import compose, initialize_config_dir
-
-    from framework import registry
-    from framework.cli import CONF_DIR
-    from framework.job import Job
-
-    registry.load_plugins()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=FAST + overrides)
-    job = Job(cfg, out)
-    summary = job.run()
-    summary["plan"] = job.scheduler.plan()
-    return summary
+    return run_job(FAST + overrides, out)
 
 
 def one(name: str, seed: int, budget_min: float, passes: int, out: Path) -> dict:

@@ -31,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.study_runs import run_job  # noqa: E402
+
 MB = 1 << 20
 FAST = ["tracking=none", "runtime.progress=false"]
 
@@ -45,19 +47,7 @@ PAPER_DRIFT = {"4": [6.94e-5, 5.98e-5, 1.36e-5], "5": [8.49e-5, 7.41e-5, 1.71e-5
 
 def run(overrides: list[str], out: Path) -> dict:
     """One run; its summary.json (plan and summary)."""
-    from hydra import compose, initialize_config_dir
-
-    from framework import registry
-    from framework.cli import CONF_DIR
-    from framework.job import Job
-
-    registry.load_plugins()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=FAST + overrides)
-    job = Job(cfg, out)
-    summary = job.run()
-    summary["plan"] = job.scheduler.plan()
-    return summary
+    return run_job(FAST + overrides, out)
 
 
 def part_latency(out: Path) -> dict:

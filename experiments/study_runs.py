@@ -1,0 +1,23 @@
+"""What the reproduction studies share: one run of the framework from overrides, in this process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def run_job(overrides: list[str], out: Path) -> dict:
+    """Compose the config as `python -m framework <overrides>` would, run it into `out`; returns its
+    summary (summary.json's contents) with the scheduler's plan under "plan"."""
+    from hydra import compose, initialize_config_dir
+
+    from framework import registry
+    from framework.cli import CONF_DIR
+    from framework.job import Job
+
+    registry.load_plugins()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    job = Job(cfg, out)
+    summary = job.run()
+    summary["plan"] = job.scheduler.plan()
+    return summary
