@@ -8,6 +8,7 @@ is written to the run directory either way.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -217,6 +218,10 @@ class Job(RuntimeHooks):
 
     RECORDS = ("history", "samples", "iterations", "_epoch_start", "_final", "_last_step", "_train", "_epoch_train")
 
+    @functools.cached_property
+    def _fingerprint(self) -> str:  # the config does not change during a run; digesting it costs 3 ms
+        return ck.config_fingerprint(self.cfg)
+
     def _save_checkpoint(self, epoch: int) -> None:
         """Everything the run needs to go on from this epoch end (framework.checkpoint), in the
         run directory and as MLflow artifacts. A role that cannot checkpoint turns them off."""
@@ -229,7 +234,7 @@ class Job(RuntimeHooks):
             return
         bag.meta["compressor"] = self.compressor.checkpoint(bag, "compressor")
         bag.meta["job"] = {name: getattr(self, name) for name in self.RECORDS}
-        bag.meta.update(epoch=epoch, config=ck.config_fingerprint(self.cfg), mlflow_run_id=self.tracker.run_id)
+        bag.meta.update(epoch=epoch, config=self._fingerprint, mlflow_run_id=self.tracker.run_id)
         path = ck.save(self.out_dir, bag)
         self.tracker.log_artifacts(path, ck.DIR)
 

@@ -14,7 +14,8 @@ metadata every planner and time model needs, measured by one dummy forward at ba
 
 from __future__ import annotations
 
-from collections import defaultdict
+import copy
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +75,47 @@ class UnitModel(nn.Module):
                 f"{i:>3} {info.name:<18} {str(info.out_shape):<16} {info.flops / 1e6:>9.3f} {info.params:>10,}"
             )
         return "\n".join(rows)
+
+
+_ATOMS = (str, int, float, bool, type(None), torch.dtype, torch.device)
+_CONTAINERS = (dict, OrderedDict, set, list)
+
+
+def clone_module(module: nn.Module, memo: dict | None = None) -> nn.Module:
+    """A deep copy of `module`, as `copy.deepcopy` makes it, about 3x faster.
+
+    Each simulated device owns its model copy, so a K-device run makes 2K copies before it
+    trains; `copy.deepcopy` spends most of a small model's copy reducing and rebuilding the
+    dozen empty hook dictionaries of every submodule. Here submodules are rebuilt directly,
+    parameters and buffers are deep-copied (shared ones stay shared, through `memo`), atoms are
+    shared and empty containers made anew; anything else, and any module type with its own
+    copy or pickling hooks, goes through `copy.deepcopy`."""
+    return _clone(module, {} if memo is None else memo)
+
+
+def _clone(mod: nn.Module, memo: dict) -> nn.Module:
+    got = memo.get(id(mod))
+    if got is not None:
+        return got
+    cls = type(mod)
+    if "__deepcopy__" in cls.__dict__ or cls.__reduce_ex__ is not nn.Module.__reduce_ex__ or "__getstate__" in cls.__dict__:
+        return copy.deepcopy(mod, memo)
+    new = object.__new__(cls)
+    memo[id(mod)] = new
+    d = {}
+    for k, v in mod.__dict__.items():
+        if k == "_modules":
+            d[k] = {n: None if c is None else _clone(c, memo) for n, c in v.items()}
+        elif k in ("_parameters", "_buffers"):
+            d[k] = {n: None if t is None else copy.deepcopy(t, memo) for n, t in v.items()}
+        elif type(v) in _ATOMS:
+            d[k] = v
+        elif type(v) in _CONTAINERS and not v:
+            d[k] = type(v)()
+        else:
+            d[k] = copy.deepcopy(v, memo)
+    new.__dict__ = d
+    return new
 
 
 def _leaf_kind(m: nn.Module) -> str | None:

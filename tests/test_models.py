@@ -271,3 +271,42 @@ def test_resnet18_stems():
     assert out_shapes(build("resnet18", (3, 64, 64)))[0] == (64, 16, 16)  # > 32x32: PiPar's stem
     model = build("resnet18", (3, 32, 32))
     assert sum(p.numel() for p in model.parameters()) == 11_173_962  # standard CIFAR ResNet-18
+
+
+@pytest.mark.parametrize("name,shape,classes,units", CASES, ids=CASE_IDS)
+def test_clone_module_is_a_deep_copy(name, shape, classes, units):
+    """The roles' fast copy equals copy.deepcopy: same state, same outputs in train mode (BN
+    statistics included), and nothing shared with the original."""
+    import copy
+
+    from framework.models import clone_module
+
+    model = build(name, shape, classes)
+    clone, deep = clone_module(model), copy.deepcopy(model)
+    assert type(clone) is type(model) and clone.infos == model.infos and clone.unit_names == model.unit_names
+    assert clone.unit_names is not model.unit_names
+    for (k, a), (_, b) in zip(clone.state_dict().items(), deep.state_dict().items()):
+        assert torch.equal(a, b), k
+    originals = {p.data_ptr() for p in model.parameters()} | {b.data_ptr() for b in model.buffers()}
+    assert not originals & ({p.data_ptr() for p in clone.parameters()} | {b.data_ptr() for b in clone.buffers() if b.numel()})
+    x = torch.randn(BATCH, *shape)
+    clone.train(), deep.train()
+    torch.manual_seed(0)  # dropout draws the same masks for both
+    y_clone = clone(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(y_clone, deep(x), rtol=0, atol=0)
+    for (k, a), (_, b) in zip(clone.state_dict().items(), deep.state_dict().items()):
+        assert torch.equal(a, b), k  # running statistics moved alike
+    clone.units[0].register_forward_hook(lambda *a: None)  # hooks of the copy stay its own
+    assert not model.units[0]._forward_hooks
+    clone.eval()
+    assert model.training  # so do flags
+
+
+def test_clone_module_keeps_tied_parameters_tied():
+    from framework.models import clone_module
+
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    b.weight = a.weight
+    twin = clone_module(torch.nn.Sequential(a, b))
+    assert twin[0].weight is twin[1].weight and twin[0].weight is not a.weight

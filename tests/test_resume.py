@@ -142,3 +142,24 @@ def test_cli_resume_continues_the_same_mlflow_run(tmp_path, mlflow_store):
     assert summary["status"] == "FINISHED" and len(summary["history"]["val/acc"]) == 2
     arts = {a.path for a in client.list_artifacts(run.info.run_id, ck.DIR)}
     assert arts == {f"{ck.DIR}/meta.json", f"{ck.DIR}/state.safetensors"}
+
+
+def test_checkpoint_files_are_safetensors_that_its_loader_reads_back(tmp_path):
+    """framework.checkpoint writes the format itself (one pass, no per-tensor Python of the
+    library's writer); safetensors' own loader must read every dtype and shape back exactly."""
+    from framework.checkpoint import CheckpointError, save_file
+
+    tensors = {
+        "f32": torch.randn(3, 4), "f64": torch.tensor(3.5, dtype=torch.float64), "empty": torch.zeros(0, 5),
+        "bool": torch.tensor([True, False, True]), "bf16": torch.randn(2, 3).to(torch.bfloat16),
+        "rng": torch.Generator().manual_seed(1).get_state(), "view": torch.arange(9)[2:7:2], "transposed": torch.randn(4, 3).t(),
+        "i8": torch.tensor([-3, 4], dtype=torch.int8),
+    }
+    path = tmp_path / "state.safetensors"
+    save_file(tensors, path)
+    back = load_file(str(path))
+    assert list(back) == list(tensors)
+    for k, t in tensors.items():
+        assert back[k].dtype == t.dtype and back[k].shape == t.shape and torch.equal(back[k], t), k
+    with pytest.raises(CheckpointError, match="complex64"):
+        save_file({"c": torch.zeros(2, dtype=torch.complex64)}, path)

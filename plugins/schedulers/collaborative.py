@@ -233,7 +233,7 @@ class Collaborative(Scheduler):
             "num_units": self.Q,
             "devices": [
                 {"device": self.devices[k], "P": p.P, "N": p.N, "micro_batch": p.micro_batch, "iterations_per_epoch": self.num_iterations(k, p), "shard_size": len(self.shards[k]),
-                 "predicted_iter_s": p.predicted_iter_s, "predicted_epoch_s": p.predicted_epoch_s, "plan": {**p.as_dict(), "shortlist": []}}
+                 "predicted_iter_s": p.predicted_iter_s, "predicted_epoch_s": p.predicted_epoch_s, "plan": p.without_shortlist()}
                 for k, p in enumerate(self.plans)
             ],
             "server_roles": self.server_roles,

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 
 import torch
 
 from framework import repartition as rp
 from framework import wire
 from framework.cluster import Work
+from framework.models import clone_module
 from framework.scheduler import Role
 from framework.stage import Stage
 from plugins.schedulers import feature_replay_cost as cost
@@ -63,7 +63,7 @@ STAMPS_BYTES = wire.encoded_size({"x": _stamps(0, 0.0, 0.0)})
 def own_model(ctx):
     """A role's private copy of the initial model: the blocks a migration moves must arrive as
     messages even on the simulator (timing-only runs share the untouched one)."""
-    return copy.deepcopy(ctx.model) if ctx.numerics else ctx.model
+    return clone_module(ctx.model) if ctx.numerics else ctx.model
 
 
 class _Side(Role):

@@ -23,12 +23,12 @@ serving it) and by the aggregator (it leaves it out of this and later rounds): t
 
 from __future__ import annotations
 
-import copy
 
 import torch
 
 from framework import checkpoint as ck
 from framework.cluster import Work
+from framework.models import clone_module
 from framework.runtime.base import PeerLost
 from framework.scheduler import Role
 from framework.stage import Stage
@@ -80,7 +80,7 @@ async def local_iteration(ctx, st: Stage, it: int, xs, ys, numerics: bool) -> No
 
 def own_copy(sched):
     """A role's private copy of the initial model (timing-only runs share the untouched one)."""
-    return copy.deepcopy(sched.ctx.model) if sched.numerics else sched.ctx.model
+    return clone_module(sched.ctx.model) if sched.numerics else sched.ctx.model
 
 
 def plan_tensor(p: DevicePlan) -> torch.Tensor:
@@ -104,7 +104,7 @@ class DeviceRole(Role):
         return self.sched.server_role_of(self.k) if self.plan.P < self.sched.Q else None
 
     def checkpoint(self, bag, prefix: str) -> dict:
-        out = {"plan": {**self.plan.as_dict(), "shortlist": []}, "it": self.it, "stage": self.stage.checkpoint(bag, f"{prefix}.stage", weights=False)}
+        out = {"plan": self.plan.without_shortlist(), "it": self.it, "stage": self.stage.checkpoint(bag, f"{prefix}.stage", weights=False)}
         if self.sched.numerics:
             out["model"] = ck.module_state(bag, f"{prefix}.model", self.model)
         return out
@@ -216,7 +216,7 @@ class ServerRole(Role):
 
     def checkpoint(self, bag, prefix: str) -> dict:
         s = self.sched
-        out = {"plans": {str(k): {**p.as_dict(), "shortlist": []} for k, p in self.plans.items()}, "served": {str(k): n for k, n in self.served.items()}, "gone": sorted(self.gone), "reselections": self.reselections}
+        out = {"plans": {str(k): p.without_shortlist() for k, p in self.plans.items()}, "served": {str(k): n for k, n in self.served.items()}, "gone": sorted(self.gone), "reselections": self.reselections}
         own = [self.ks[0]] if self.shared else self.ks  # the shared model and stage once
         out["stages"] = {str(k): self.stages[k].checkpoint(bag, f"{prefix}.stage{k}", weights=False) for k in own}
         if s.numerics:
