@@ -122,6 +122,11 @@ class Mailboxes:
         q = self.box(src, tag)
         if timeout is None:
             item = await q.get()
+        elif timeout <= 0:  # a poll: Python 3.11's wait_for(get(), 0) cancels the get before it looks
+            try:
+                item = q.get_nowait()
+            except asyncio.QueueEmpty:
+                raise asyncio.TimeoutError from None
         else:
             item = await asyncio.wait_for(q.get(), timeout)
         if isinstance(item, BaseException):  # a fatal error wakes every waiter

@@ -183,3 +183,19 @@ def test_sleep_and_barrier_on_the_wall_clock(tmp_path):
 
     left = asyncio.run(main())
     assert all(1.0 <= t < 1.8 for t in left.values()), left
+
+
+def test_a_zero_timeout_recv_on_the_wall_clock_polls_what_has_arrived():
+    """recv(timeout=0) is a poll: what is queued comes back, nothing queued is a timeout (Python
+    3.11's wait_for(get(), 0) cancelled the get before it looked, so a poll never saw a message)."""
+    from framework.transport import Mailboxes
+
+    async def main():
+        box = Mailboxes()
+        box.put("a", "t", b"one")
+        got = await box.get("a", "t", 0.0)
+        with pytest.raises(asyncio.TimeoutError):
+            await box.get("a", "t", 0.0)
+        return got
+
+    assert asyncio.run(main()) == b"one"

@@ -254,7 +254,7 @@ def _interval_t():
 VALID_HEADERS = [
     {"kind": "setup", "config": {"train": {"epochs": 2, "lr": 0.1}, "model": {"name": "mlp"}}, "plan": {"stages": [[0, 2], [2, 4]]}, "run_id": "r1"},
     {"kind": "start", "t_ref": 1712345678.25},
-    {"kind": "go", "epoch": 3},
+    {"kind": "go", "epoch": 3, "t": 4.5},
     {"kind": "built"},
     {"kind": "it", "epoch": 0, "iteration": 5, "samples": 32, "now": 1.25},
     {"kind": "train", "loss_sum": 2.5, "correct": 7, "n": 16},
@@ -292,7 +292,7 @@ def _consume(header: dict, tensors) -> None:
     elif kind == "start":
         time.time() - h["t_ref"]
     elif kind == "go":
-        assert h["epoch"] == h["epoch"]
+        max(h["t"] - 1.0, 0.0) + h["epoch"]  # the role sleeps until t
     elif kind == "setup":
         dict(h["config"]), dict(h["plan"]), str(h["run_id"])
     assert tensors is None or all(isinstance(t, torch.Tensor) for t in tensors.values())
@@ -495,8 +495,8 @@ def test_a_role_skips_and_counts_malformed_control_messages():
     from framework.runtime.role_process import recv_ctl
 
     t = _FakeTransport()
-    for msg in [*FORGED, ctl_pack({"kind": "start", "t_ref": 1.0}), ctl_pack({"kind": "go", "epoch": 2})]:
+    for msg in [*FORGED, ctl_pack({"kind": "start", "t_ref": 1.0}), ctl_pack({"kind": "go", "epoch": 2, "t": 1.5})]:
         t.box.put(COORDINATOR, "go", msg)
     counts = {"rejected_control": 0}
     header, _ = asyncio.run(recv_ctl(t, "go", counts, "stage0"))
-    assert header == {"kind": "go", "epoch": 2} and counts["rejected_control"] == len(FORGED) + 1  # a `start` on the go tag is rejected too
+    assert header == {"kind": "go", "epoch": 2, "t": 1.5} and counts["rejected_control"] == len(FORGED) + 1  # a `start` on the go tag is rejected too

@@ -67,7 +67,7 @@ SCHEMA = {
     # coordinator -> role, each on the tag of its kind
     "setup": {"config": _obj, "plan": _obj, "run_id": _str},
     "start": {"t_ref": _num},
-    "go": {"epoch": _int},
+    "go": {"epoch": _int, "t": _num},
     # role -> coordinator, on CTL
     "built": {},
     "it": {"epoch": _int, "iteration": _int, "samples": _int, "now": _num},

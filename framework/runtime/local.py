@@ -48,6 +48,11 @@ from framework.runtime.configs import LocalConfig, RemoteConfig  # noqa: F401  (
 
 # ---- the coordinator -----------------------------------------------------------------------
 
+# Roles start together, and leave each epoch barrier together, at a time the coordinator names
+# this far ahead: far enough that every role has the message by then (local MQTT delivers in a
+# few ms), so programs on a global slot clock (EdgePipe) see the same clock origin everywhere.
+LEAD_S = 0.1
+
 
 class LocalRuntime(Runtime):
     """The coordinator side of runtime=local/remote."""
@@ -261,15 +266,16 @@ class LocalRuntime(Runtime):
                 await asyncio.to_thread(hooks.on_epoch_end, e, max(a["now"] for a in arrived.values()), lambda: states)
                 del epochs[e]
                 self._epochs_done = e + 1
+                resume = time.time() - self._t_ref + LEAD_S  # every role leaves the barrier then
                 for r in sorted(self._live):
-                    await t.send(r, "go", ctl_pack({"kind": "go", "epoch": e}))
+                    await t.send(r, "go", ctl_pack({"kind": "go", "epoch": e, "t": resume}))
 
         async def start_when_built() -> None:
             """The clock starts once every live role has built itself (start-up is not training)."""
             nonlocal started
             if not started and self._live <= built:
                 started = True
-                self._t_ref = time.time()
+                self._t_ref = time.time() + LEAD_S  # every role starts its program then
                 for r in sorted(self._live):
                     await t.send(r, "start", ctl_pack({"kind": "start", "t_ref": self._t_ref}))
 

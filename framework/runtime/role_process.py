@@ -9,6 +9,7 @@ thread so the event loop keeps the connection alive.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 import time
@@ -156,6 +157,8 @@ class LocalContext(RoleContext):
             h, _ = await recv_ctl(self.t, "go", self.counts, self.role)
             if h["epoch"] == epoch:
                 break
+        if math.isfinite(h["t"]):  # every role leaves the barrier at the same time (the lead is 0.1 s: a far one is no plan)
+            await self.sleep_until(min(h["t"], self.now() + 10.0))
         self.codec.set_epoch(epoch + 1)  # epoch-scheduled bit widths, as the coordinator's
 
     def iteration_done(self, epoch: int, iteration: int, samples: int) -> None:
@@ -260,6 +263,7 @@ async def run_role(transport, run_id: str, role: str, build: Callable[[dict, dic
         start, _ = await _or_lost(recv_ctl(transport, "start", counts, role), coordinator_lost)
         ctx = LocalContext(role, devices, sctx.cluster, sctx.compressor, transport, start["t_ref"], sctx.cfg.runtime, role_obj)
         ctx.counts = counts
+        await ctx.sleep_until(0.0)  # the clock's origin: every role starts then
         await _or_lost(role_obj.run(ctx), coordinator_lost)
         await ctx.flush()
         process["peak_rss_mib"] = peak_rss_mib()
