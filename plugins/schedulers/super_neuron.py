@@ -16,9 +16,12 @@ The planning layer (edgepipe_partition / _channel / _mapping / _timing) makes th
 - with `budget_min`, the minibatches that fit in that many minutes of this slot clock
   (edgepipe_budget; Table III's 194 min), trained as one pipeline across data epochs.
 
-The roles (plugins.schedulers.super_neuron_roles) run Eq. 2's schedule on that slot clock. Only
-`runtime=sim`: the roles are separate state owners that talk by message, but the slot deadlines and
-the links' loss are the simulator's.
+The roles (plugins.schedulers.super_neuron_roles) run Eq. 2's schedule on that slot clock, on the
+simulator or as processes (`runtime=local`, which needs `runtime.emulate_links=true`: each role's
+process applies the plan's PRR to its own copy of the links, whose loss generators are seeded by
+the link's name, so a message is lost on the wall clock exactly when it is lost on the simulator;
+the slot clock starts when the runtime starts every role together). The lossy test runs where the
+job evaluates, on the final states the roles sent.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MAPPINGS = ("ga", "random", "upper", "identity")
 BWD_MODES = ("masked", "phantom")
+SHARE_MISSING = ("zero_fill", "abort")
 RECOVERIES = recovery.RECOVERIES
 INITS = ("glorot", "model")
 PRR_SOURCES = ("channel", "given", "cluster")
@@ -84,7 +88,7 @@ def glorot_init(model, seed: int) -> None:
 
 
 class SuperNeuron(Scheduler):
-    runtimes = ("sim",)
+    runtimes = ("sim", "local")
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
@@ -109,7 +113,7 @@ class SuperNeuron(Scheduler):
         b = self._plan.get("budget")
         self.budget_data = budget.BudgetData(ctx, b["minibatches"]) if b else None
         self._ops = timing.ScheduleCache(self.partition, bool(cfg.pipeline))
-        self.roles: dict[str, Role] = {}  # built here (runtime=sim): the lossy test reads their weights
+        self.final_states: dict[str, dict] | None = None  # the states `eval_model` last saw: the lossy test's weights
 
     @property
     def copies(self) -> int:
@@ -131,7 +135,7 @@ class SuperNeuron(Scheduler):
     def _check_config(self) -> None:
         cfg = self.cfg
         for key, value, choices in (("partition_class", cfg.partition_class, part.CLASSES), ("mapping", cfg.mapping, MAPPINGS),
-                                    ("bwd_mode", cfg.bwd_mode, BWD_MODES), ("rounding", cfg.rounding, part.ROUNDINGS),
+                                    ("bwd_mode", cfg.bwd_mode, BWD_MODES), ("share_missing", cfg.share_missing, SHARE_MISSING), ("rounding", cfg.rounding, part.ROUNDINGS),
                                     ("prr.source", cfg.prr.source, PRR_SOURCES), ("recovery", cfg.recovery, RECOVERIES),
                                     ("init", cfg.init, INITS)):
             if value not in choices:
@@ -152,6 +156,9 @@ class SuperNeuron(Scheduler):
             raise ConfigError("train.optimizer", f"super_neuron trains with SGD (the paper's plain gradient descent); got {self.ctx.cfg.train.optimizer}")
         if not self.ctx.numerics:
             raise ConfigError("runtime.numerics", "super_neuron runs with numerics only (a timing-only run is edgepipe_timing's closed forms)")
+        rt = self.ctx.cfg.runtime
+        if rt.name != "sim" and not rt.get("emulate_links", False):
+            raise ConfigError("runtime.emulate_links", f"super_neuron on runtime={rt.name} takes its losses and slot deadlines from the links' model: set runtime.emulate_links=true")
 
     def _devices(self) -> list[str]:
         cl = self.ctx.cluster
@@ -310,13 +317,13 @@ class SuperNeuron(Scheduler):
         names = self.role_devices()
         if role not in names:
             raise KeyError(f"no role {role!r}; roles: {', '.join(names)}")
-        self.roles[role] = SuperNeuronRole(self, int(role[2:]))
-        return self.roles[role]
+        return SuperNeuronRole(self, int(role[2:]))
 
     def eval_model(self, states: dict[str, dict]):
         """The whole MLP from the chunks (a lossless forward; a lossy test pass is not this)."""
         if self.eval_copy is None:
             self.eval_copy = copy.deepcopy(self.ctx.model)
+        self.final_states = states  # the job evaluates the final states last, before it reports
         with torch.no_grad():
             for role, state in states.items():
                 for layer, lo, hi in self.partition.super_neurons[int(role[2:])].chunks:
@@ -366,12 +373,12 @@ class SuperNeuron(Scheduler):
     def _lossy_test(self) -> dict | None:
         """The trained chunks' lossy test passes (edgepipe_eval); None when off or nothing trained."""
         passes = int(self.cfg.lossy_test_passes)
-        if not passes or len(self.roles) != len(self.perm):
+        if not passes or self.final_states is None or len(self.final_states) != len(self.perm):
             return None
         from plugins.schedulers.edgepipe_eval import lossy_test
 
         try:
-            model = self.eval_model({r: role.state() for r, role in self.roles.items()})
+            model = self.eval_model(self.final_states)
             layers = [(linear_of(u).weight.detach(), linear_of(u).bias.detach()) for u in model.units]
             true = np.array(self._plan["prr"]["true"], dtype=float)
             sn_prr = recovery.delivery_prr(mapping.device_prr_for_super_neurons(true, self.perm), recovery.max_transmissions(self.cfg))

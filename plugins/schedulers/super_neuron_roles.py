@@ -11,7 +11,9 @@ l >= 2 it holds, of neurons S = [lo, hi), the incoming weights W_l[S, :] and bia
   z_l[:, S] = a_{l-1} W_l[S]^T + b_l[S] (ReLU below the output), stashes what its backward needs
   (a_{l-1}, z, the weights it used: Eq. 3's stashing) and sends its slice to the holders of
   l + 1, or, on the output layer, its logits to the other output holders (output sharing);
-- BW_L: assembles the logits (missing shares zero), softmax cross-entropy, delta for its logits;
+- BW_L: assembles the logits (missing shares zero), softmax cross-entropy, delta for its logits
+  (`share_missing: abort`: a holder missing a share updates nothing and sends nothing, the
+  all-or-nothing rule of the hidden layers applied to the output layer);
 - BW_l (l < L): needs the partial products dL/da_l[:, S] of every holder of l + 1 (its own
   included, kept locally); if any is missing it updates nothing and sends nothing (backward
   all-or-nothing; the failure cascades toward the input);
@@ -53,6 +55,7 @@ class SuperNeuronRole(Role):
         self.lr, self.momentum, self.wd = float(train.lr), float(train.momentum), float(train.weight_decay)
         self.stashing = bool(sched.cfg.weight_stashing)
         self.masked = sched.cfg.bwd_mode == "masked"
+        self.share_abort = sched.cfg.share_missing == "abort"
         self.pipeline = bool(sched.cfg.pipeline)
         self.copies = sched.copies
         self.retries = int(sched.cfg.ack_max_retries) if sched.cfg.recovery == "ack" else 0  # the link's ARQ
@@ -190,26 +193,30 @@ class SuperNeuronRole(Role):
             if r != self.s:
                 self._send(ctx, r, "share" if l == self.L else f"fw{l}", a, gid)
 
-    async def _output_delta(self, ctx, gid: int, y: torch.Tensor) -> torch.Tensor:
-        """Softmax cross-entropy on this holder's view of the logits (missing shares zero)."""
+    async def _output_delta(self, ctx, gid: int, y: torch.Tensor) -> torch.Tensor | None:
+        """Softmax cross-entropy on this holder's view of the logits (missing shares zero); None
+        (no update) when a share is missing and `share_missing` is abort."""
         own = self.acts.pop((self.L, gid))
         logits = torch.zeros((len(y), self.p.sizes[-1]), dtype=own.dtype, device=own.device)
+        complete = True
         for r, plo, phi in self.holders[self.L]:
             piece = own if r == self.s else await self._take(ctx, r, "share", gid)
             if piece is not None:
                 logits[:, plo:phi] = piece
+            complete &= piece is not None
         lo, hi = self.chunks[self.L]
         probs = torch.softmax(logits, dim=1)
         delta = (probs - F.one_hot(y, logits.shape[1]).to(probs.dtype))[:, lo:hi] / len(y)
         if self.reporter:
             loss = float(F.cross_entropy(logits, y, reduction="sum"))
             ctx.report_train(loss, int((logits.argmax(1) == y).sum()), len(y))
-        return delta
+        return None if self.share_abort and not complete else delta
 
     async def backward(self, ctx, l: int, gid: int, y: torch.Tensor, epoch: int, index: int) -> None:
         st = self.stash.pop((l, gid))
         if l == self.L:
-            delta, ok = await self._output_delta(ctx, gid, y), True
+            delta = await self._output_delta(ctx, gid, y)
+            ok = delta is not None
         else:
             grad, ok = torch.zeros_like(st["z"]), True
             for r, _, _ in self.holders[l + 1]:
