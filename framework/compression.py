@@ -82,6 +82,12 @@ class _Direction:
         return e
 
 
+def _sized(d: _Direction, t: torch.Tensor) -> tuple[Encoded, int]:
+    """A timing-only stand-in for `t` through `d`'s codec: (its metadata, the payload bytes it stands for)."""
+    meta_n, payload_n = d.codec.wire_size(tuple(t.shape))
+    return Encoded(d.codec.codec_id, t.dtype, tuple(t.shape), b"\0" * meta_n, None), payload_n
+
+
 class Compressor:
     """No compression: tensors cross links as raw wire packets (fp32 stays fp32)."""
 
@@ -155,8 +161,7 @@ class Compressor:
                     missing_payload += t.numel() * t.element_size()
                 continue
             if t.device.type == "meta":  # timing only: sizes, no math
-                meta_n, payload_n = d.codec.wire_size(tuple(t.shape))
-                out[name] = Encoded(d.codec.codec_id, t.dtype, tuple(t.shape), b"\0" * meta_n, None)
+                out[name], payload_n = _sized(d, t)
                 missing_payload += payload_n
                 continue
             out[name] = self.encode_tensor(d, t, stream, src=src, dst=dst, iteration=iteration, microbatch=microbatch)
@@ -169,6 +174,23 @@ class Compressor:
         d.raw_bytes += raw_size
         d.wire_bytes += size
         return data, size, raw_size
+
+    def packet_bytes(self, tensors: dict, *, tag: str) -> int:
+        """The bytes `encode` would put on the link for `tensors` (shapes suffice: meta tensors
+        welcome) at the current bits, encoding and counting nothing: what planners price a
+        message at."""
+        tensors = {k: t.to("meta") for k, t in tensors.items()}
+        d = self.directions.get(tag)
+        if d is None or d.codec is None:
+            return wire.encoded_size(tensors)
+        out, payload = {}, 0
+        for name, t in tensors.items():
+            if t.is_floating_point():
+                out[name], n = _sized(d, t)
+            else:
+                out[name], n = t, t.numel() * t.element_size()
+            payload += n
+        return len(wire.encode(out)) + payload
 
     def encode_tensor(self, d: _Direction, t: torch.Tensor, stream: dict, *, src="", dst="", iteration=0, microbatch=0) -> Encoded:
         """One tensor through the direction's codec. For forward tensors the sender may keep
@@ -222,22 +244,30 @@ class Compressor:
         """The returned gradient, corrected with what `remember` kept."""
         return g
 
-    def codec_seconds(self, kind: str, tag: str, tensors: dict, wall_s: float) -> float:
-        """Device seconds to encode (kind='encode') or decode one packet of `tag` holding
-        `tensors` (the originals: the linear model is in their fp32 megabytes)."""
+    def codec_estimate(self, kind: str, tag: str, tensors: dict) -> float | None:
+        """The modelled device seconds of `codec_seconds`, counting nothing (shapes suffice);
+        None where the time model is `measured` (known only by running the codec)."""
         d = self.directions.get(tag)
         if d is None or d.codec is None or self.time_cfg.model == "none":
             return 0.0
         if not any(t.is_floating_point() for t in tensors.values()):
             return 0.0  # labels, indices and control values travel raw: nothing is coded
         if self.time_cfg.model == "measured":
+            return None
+        mb = sum(t.numel() for t in tensors.values() if t.is_floating_point()) * 4 / 1e6
+        if kind == "encode":
+            return self.time_cfg.encode_s_per_MB * mb + self.time_cfg.encode_s
+        return self.time_cfg.decode_s_per_MB * mb + self.time_cfg.decode_s
+
+    def codec_seconds(self, kind: str, tag: str, tensors: dict, wall_s: float) -> float:
+        """Device seconds to encode (kind='encode') or decode one packet of `tag` holding
+        `tensors` (the originals: the linear model is in their fp32 megabytes)."""
+        d = self.directions.get(tag)
+        s = self.codec_estimate(kind, tag, tensors)
+        if s is None:
             s = wall_s * self.time_cfg.scale
-        else:
-            mb = sum(t.numel() for t in tensors.values() if t.is_floating_point()) * 4 / 1e6
-            if kind == "encode":
-                s = self.time_cfg.encode_s_per_MB * mb + self.time_cfg.encode_s
-            else:
-                s = self.time_cfg.decode_s_per_MB * mb + self.time_cfg.decode_s
+        if not s:
+            return 0.0
         if kind == "encode":
             d.encode_s += s
         else:

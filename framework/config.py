@@ -85,7 +85,7 @@ class ClusterConfig:
 class SchedulerConfig:
     name: str = MISSING
     microbatches: int = 1
-    partition: Any = "even"  # "even" (balanced by predicted cost) or explicit cut indices, e.g. [3, 7]
+    partition: Any = "dp"  # "dp" (compute and compressed transfers: AccEPT Eq. 9-10), "even" (compute alone) or cut indices, e.g. [3, 7]
     stages: Optional[int] = None  # pipeline depth; null = one stage per device
 
 

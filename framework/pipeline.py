@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 import copy
 
+import torch
 from torch import nn
 
 from framework import repartition as rp
+from framework.cluster import Work
 from framework.data import split_microbatches
 from framework.errors import ConfigError
 from framework.partition import partition
@@ -118,7 +120,8 @@ class PipelineScheduler(Scheduler):
             raise ConfigError("scheduler.stages", f"{num_stages} stages need {num_stages} devices but the cluster has {len(cluster_devices)}; set cluster.num_devices={num_stages}")
         devices = cluster_devices[:num_stages]
         dev_objs = [ctx.cluster.device(d) for d in devices]
-        bounds = partition(self.cfg.partition, dev_objs, len(ctx.model), ctx.model.name, ctx.predictor, self.mb_size)
+        link_cost = self.boundary_seconds(devices)
+        bounds = partition(self.cfg.partition, dev_objs, len(ctx.model), ctx.model.name, ctx.predictor, self.mb_size, link_cost)
         memory = [self.memory_estimate(s, bounds) for s in range(num_stages)]
         self.check_memory(devices, bounds, memory)
         later = []
@@ -127,18 +130,24 @@ class PipelineScheduler(Scheduler):
             if len(entry) != 2 or int(entry[0]) < 1:
                 raise ConfigError(key, f"{list(entry)} is not [epoch >= 1, cuts]")
             try:
-                new = partition(entry[1], dev_objs, len(ctx.model), ctx.model.name, ctx.predictor, self.mb_size)
+                new = partition(entry[1], dev_objs, len(ctx.model), ctx.model.name, ctx.predictor, self.mb_size, link_cost)
             except ConfigError as e:
                 raise ConfigError(key, e.message) from None
             self.check_memory(devices, new, [self.memory_estimate(s, new) for s in range(num_stages)])
             later.append({"epoch": int(entry[0]), "bounds": [list(b) for b in new]})
+        def compute_s(s, a, b):
+            return sum(ctx.predictor.predict(dev_objs[s], Work(k, a, b, self.mb_size)) for k in ("fwd", "bwd"))
+
         return {
             "scheduler": self.cfg.name,
+            "partition": self.cfg.partition if isinstance(self.cfg.partition, str) else "cuts",
             "stages": [
-                {"role": f"stage{s}", "device": d, "units": [a, b], "unit_names": ctx.model.unit_names[a:b], "memory_bytes": mem}
+                {"role": f"stage{s}", "device": d, "units": [a, b], "unit_names": ctx.model.unit_names[a:b], "memory_bytes": mem,
+                 "predicted_compute_s": compute_s(s, a, b), "predicted_link_s": link_cost(s, b) if s < num_stages - 1 else 0.0}
                 for s, (d, (a, b), mem) in enumerate(zip(devices, bounds, memory))
             ],
             "microbatches": self.microbatches,
+            "predicted_epoch_s": self.predicted_epoch_s(devices, bounds),
             "flush_per": self.flush_per,
             "weight_stashing": self.stash,
             "repartition": sorted(later, key=lambda r: r["epoch"]),
@@ -146,6 +155,80 @@ class PipelineScheduler(Scheduler):
 
     def plan(self) -> dict:
         return self._plan
+
+    def predicted_epoch_s(self, devices: list[str], bounds) -> float:
+        """An epoch of this plan as the predictor and the links price it (framework.pipeline_time)."""
+        from framework import pipeline_time as pt
+
+        ctx = self.ctx
+        S, cl, comp, pred = len(bounds), ctx.cluster, ctx.compressor, ctx.predictor
+        dev = [cl.device(d) for d in devices]
+        memo: dict = {}
+
+        def codec(kind: str, tag: str, x: dict) -> float:
+            return comp.codec_estimate(kind, tag, x) or 0.0  # a measured codec time is not predicted
+
+        def boundary(s: int, unit: int, n: int) -> dict:
+            return {"x": torch.empty((n, *ctx.model.infos[unit - 1].out_shape), dtype=ctx.dtype, device="meta")}
+
+        def priced(s: int, op: str, key, n: int) -> pt.Action:
+            """The action's device seconds (decoding what it received, computing, encoding what it
+            sends) and its message's link seconds."""
+            if (s, op, n) not in memo:
+                a, b = bounds[s]
+                if op == "STEP":
+                    memo[(s, op, n)] = (pred.predict(dev[s], Work("step", a, b)), 0.0)
+                else:
+                    secs = pred.predict(dev[s], Work("fwd" if op == "F" else "bwd", a, b, n))
+                    fwd = op == "F"
+                    tag = comp.forward_tag if fwd else comp.backward_tag
+                    # to and from whom it sends and receives, and the boundary unit of each message
+                    to, sent, frm, came = (s + 1, b, s - 1, a) if fwd else (s - 1, a, s + 1, b)
+                    if 0 <= frm < S and cl.link(devices[frm], devices[s]) is not None:
+                        secs += codec("decode", tag, boundary(s, came, n))
+                    link = cl.link(devices[s], devices[to]) if 0 <= to < S else None
+                    send = 0.0
+                    if link is not None:
+                        x = boundary(s, sent, n)
+                        secs += codec("encode", tag, x)
+                        send = link.tx_time(comp.packet_bytes(x, tag=tag), 0.0)
+                    memo[(s, op, n)] = (secs, send)
+            return pt.Action(op, key, *memo[(s, op, n)])
+
+        N, B = len(ctx.dataset.x_train), int(ctx.cfg.train.batch_size)
+        sizes = [min(B, N - i * B) for i in range(ctx.iterations_per_epoch())]
+        programs = []
+        for s in range(S):
+            prog = []
+            if self.flush_per == "iteration":
+                for it, size in enumerate(sizes):
+                    m = min(self.microbatches, size)
+                    mb = [size // m + (k < size % m) for k in range(m)]  # torch.tensor_split's sizes
+                    prog += [priced(s, a.op, (it, a.mb), 0 if a.op == "STEP" else mb[a.mb]) for a in self.actions(s, S, m)]
+            else:
+                prog = [priced(s, a.op, a.mb, 0 if a.op == "STEP" else sizes[a.mb]) for a in self.actions(s, S, len(sizes))]
+            programs.append(prog)
+        lat = [(cl.link(devices[s], devices[s + 1]), cl.link(devices[s + 1], devices[s])) for s in range(S - 1)]
+        return pt.makespan(programs, [d.cfg.latency_s if d else 0.0 for d, _ in lat], [u.cfg.latency_s if u else 0.0 for _, u in lat], bool(cl.cfg.shared_medium))
+
+    def boundary_seconds(self, devices: list[str]):
+        """link_cost(s, p) for `partition=dp`: per micro-batch, the slower direction of the boundary
+        before unit p between stages s and s + 1 (the activation down, its gradient up, each on its
+        own link; both, on a shared medium), at the compressor's wire size (framework.partition)."""
+        ctx = self.ctx
+        comp, cl = ctx.compressor, ctx.cluster
+
+        def cost(s: int, p: int) -> float:
+            x = {"x": torch.empty((self.mb_size, *ctx.model.infos[p - 1].out_shape), dtype=ctx.dtype, device="meta")}
+            a, b = devices[s], devices[s + 1]
+            down, up = cl.link(a, b), cl.link(b, a)
+            times = (down.tx_time(comp.packet_bytes(x, tag=comp.forward_tag), 0.0) if down else 0.0,
+                     up.tx_time(comp.packet_bytes(x, tag=comp.backward_tag), 0.0) if up else 0.0)
+            # one shared medium carries both directions in turn (the other boundaries' traffic too,
+            # which a per-boundary program cannot price)
+            return sum(times) if cl.cfg.shared_medium else max(times)
+
+        return cost
 
     def memory_estimate(self, s: int, bounds) -> dict:
         """Bytes stage s holds at its peak: weights, gradients and optimizer state, plus the
