@@ -170,12 +170,12 @@ def test_backward_is_all_or_nothing_and_the_failure_cascades(tmp_path):
 
 
 def test_a_missing_logit_share_is_zero_or_aborts_the_output_update(tmp_path):
-    """dev5 -> dev4 at PRR 0: sn4 never sees sn5's logits. zero_fill (default): sn4 still learns
-    from its zero-filled view; abort: sn4 updates nothing and sends nothing, so its H4 partials
-    never reach the group below and the failure cascades, while sn5 (which hears sn4) trains on."""
+    """dev5 -> dev4 at PRR 0: sn4 never sees sn5's logits. abort (default): sn4 updates nothing
+    and sends nothing, so its H4 partials never reach the group below and the failure cascades,
+    while sn5 (which hears sn4) trains on; zero_fill: sn4 still learns from its zero-filled view."""
     base = ["scheduler.mapping=identity"]
-    zero, init, z = run(tmp_path, base, "zero", prr=prr_with([(5, 4)]))
-    abort, _, a = run(tmp_path, base + ["scheduler.share_missing=abort"], "abort", prr=prr_with([(5, 4)]))
+    zero, init, z = run(tmp_path, base + ["scheduler.share_missing=zero_fill"], "zero", prr=prr_with([(5, 4)]))
+    abort, _, a = run(tmp_path, base, "abort", prr=prr_with([(5, 4)]))
     assert z["edgepipe"]["bwd_applied"]["6"] == 1.0 and a["edgepipe"]["bwd_applied"]["6"] == 0.5
     assert a["edgepipe"]["bwd_applied"]["5"] == 0.0  # every H4 holder misses sn4's partial
     W6, W6_0 = abort.final_model().state_dict()["units.4.weight"], init["units.4.weight"]
@@ -199,7 +199,7 @@ def test_channel_prr_drives_the_links_and_the_mapping(tmp_path):
 @pytest.mark.parametrize("key,value,choices", [("partition_class", "diagonal", "vertical, hybrid, horizontal"),
                                                ("mapping", "best", "ga, random, upper, identity"),
                                                ("bwd_mode", "ghost", "masked, phantom"), ("init", "he", "glorot, model"),
-                                               ("recovery", "arq", "none, rtx, ack"), ("share_missing", "drop", "zero_fill, abort")])
+                                               ("recovery", "arq", "none, rtx, ack"), ("share_missing", "drop", "abort, zero_fill")])
 def test_bad_choices_fail_before_running_naming_key_and_choices(tmp_path, key, value, choices):
     with pytest.raises(ConfigError) as e:
         job_for(tmp_path, [f"scheduler.{key}={value}"])
@@ -271,6 +271,8 @@ def test_lossy_test_passes_are_recorded(tmp_path):
     assert summ["metrics"]["test/lossy_acc_mean"] == lossy["mean"]
     ok, _, s_ok = run(tmp_path, LOSSLESS + ["scheduler.mapping=identity", "scheduler.lossy_test_passes=2"], "ok")
     assert s_ok["edgepipe"]["lossy_test"]["mean"] == pytest.approx(s_ok["metrics"]["test/acc"], abs=1e-12)  # lossless: the model's own accuracy
+    _, _, s_v = run(tmp_path, LOSSLESS + ["scheduler.partition_class=vertical", "scheduler.lossy_test_passes=2"], "vertical")
+    assert s_v["edgepipe"]["lossy_test"]["passes"] == 2  # its input-layer role holds no weights, so sends no state
 
 
 def test_glorot_init_is_the_default_and_seeded(tmp_path):

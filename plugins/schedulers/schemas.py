@@ -124,7 +124,7 @@ class SuperNeuronConfig(SchedulerConfig):
     pipeline: bool = True  # false: the Model baseline (2L - 1 slots per minibatch, no pipelining)
     weight_stashing: bool = True  # Eq. 3: backward at the forward's weights, applied to the latest
     bwd_mode: str = "masked"  # masked (true gradient of the zero-filled graph) | phantom (as if every input had arrived)
-    share_missing: str = "zero_fill"  # an output holder missing a logit share: zero_fill (notes 2.10) | abort (no update, nothing sent back)
+    share_missing: str = "abort"  # an output holder missing a logit share: abort (no update, nothing sent back) | zero_fill (notes 2.10)
     slot_s: Optional[float] = None  # null: worst op compute + worst message transfer + slot_margin_s, from the cluster's models
     slot_margin_s: float = 0.1  # Eq. 4's margin
     init: str = "glorot"  # glorot (Glorot-uniform weights, zero biases: the notes' default for TF 1.15) | model (the model plugin's init)
