@@ -61,13 +61,15 @@ TIME_MODELS = ("analytic", "profile", "measured", "table")
 @dataclass(frozen=True)
 class Work:
     """A piece of compute: `kind` in fwd/bwd/step over units [start, stop) at `batch` samples,
-    or a fixed `seconds` (codecs, aggregation, anything a plugin prices itself)."""
+    `share` of those units' neurons (EdgePipe's neuron chunks: their time is that share of the
+    units'), or a fixed `seconds` (codecs, aggregation, anything a plugin prices itself)."""
 
     kind: str
     start: int = 0
     stop: int = 0
     batch: int = 0
     seconds: float | None = None
+    share: float = 1.0
 
 
 class Device:
@@ -105,7 +107,7 @@ class Device:
             return self.cfg.slowdown * wall_s
         t = self._memo.get(work)  # analytic and profile times depend on the work alone
         if t is None:
-            t = self._memo[work] = self._model_time(work)
+            t = self._memo[work] = self._model_time(work) * work.share
         return t
 
     def speed_factor(self, t: float) -> float:

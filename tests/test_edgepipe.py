@@ -367,3 +367,26 @@ def test_ack_retransmits_lost_messages_and_counts_its_frames(tmp_path):
         assert all(rec["edgepipe"][k][l] >= lossy["edgepipe"][k][l] for l in lossy["edgepipe"][k]), (k, rec["edgepipe"][k], lossy["edgepipe"][k])
     _, _, rtx = run(tmp_path, base + ["scheduler.recovery=rtx"], "lossy_rtx", prr=prr)
     assert rtx["edgepipe"]["transmissions"]["data_per_message"] == rtx["edgepipe"]["transmissions"]["packets_per_message"] == 2.0
+
+
+@pytest.mark.parametrize("predictor", ["oracle", "flops"])
+def test_neuron_chunks_are_priced_as_their_share_of_layer_work(tmp_path, predictor):
+    """A chunk is layer work with `share` = its neurons / the layer's (no opaque seconds): the
+    predictor prices it as it prices the layer, times the share, and the slot follows."""
+    from framework.cluster import Work
+
+    job = job_for(tmp_path, LOSSLESS + [f"predictor={predictor}"])
+    sched, pred = job.scheduler, job.predictor
+    for s, sn in enumerate(sched.partition.super_neurons):
+        dev = job.cluster.device(sched.devices[sched.perm[s]])
+        for layer, lo, hi in sn.chunks:
+            works = sched.op_works(s)[("BW", layer)]
+            if layer < 2:
+                assert works == []
+                continue
+            share = (hi - lo) / SIZES[layer - 1]
+            assert all(w.seconds is None and w.share == share and (w.start, w.stop) == (layer - 2, layer - 1) for w in works)
+            whole = sum(pred.predict(dev, Work(w.kind, w.start, w.stop, w.batch)) for w in works)
+            assert sched.op_seconds(s, sched.perm)[("BW", layer)] == pytest.approx(share * whole, rel=1e-12)
+    worst = max(t for s in range(len(sched.perm)) for t in sched.op_seconds(s, sched.perm).values())
+    assert sched.plan()["worst_op_s"] == pytest.approx(worst)

@@ -33,8 +33,8 @@ class FlopsPredictor:
             return work.seconds
         units = range(work.start, work.stop)
         if work.kind == "step":
-            return device.cfg.step_flops_per_param * sum(device.infos[i].params for i in units) / rate
-        flops = sum(device.infos[i].flops for i in units) * work.batch
+            return device.cfg.step_flops_per_param * sum(device.infos[i].params for i in units) * work.share / rate
+        flops = sum(device.infos[i].flops for i in units) * work.batch * work.share
         return flops * (device.cfg.backward_ratio if work.kind == "bwd" else 1.0) / rate
 
     def predict(self, device: Device, work: Work) -> float:

@@ -222,22 +222,26 @@ class SuperNeuron(Scheduler):
             return mapping.Mapping("identity", ident, mapping.score(sn, measured, ident), 1)
         return mapping.map_devices(str(cfg.mapping), sn, measured, seed=int(cfg.mapping_seed), generations=cfg.generations)
 
-    def chunk_seconds(self, device: str, kind: str, layer: int, neurons: int, batch: int) -> float:
-        """A neuron chunk's work: its share of layer `layer`'s unit, by the device's time model."""
-        if layer < 2:
-            return 0.0
-        unit = layer - 2
-        return neurons / self.sizes[layer - 1] * self.ctx.cluster.device(device).time(Work(kind, unit, unit + 1, batch))
-
-    def op_seconds(self, s: int, perm) -> dict:
-        """{(kind, layer): seconds} of super neuron s's ops on its device: FW = the chunk's forward;
-        BW = its backward (weight gradient, partial products) and its SGD step."""
-        dev, B = self.devices[perm[s]], int(self.ctx.cfg.train.batch_size)
+    def op_works(self, s: int) -> dict:
+        """{(op, layer): [Work, ...]} of super neuron s: FW = its chunk's forward; BW = the chunk's
+        backward (weight gradient, partial products), then its SGD step. A chunk of layer l is
+        `share` = its neurons / the layer's of unit l - 2, priced as layer work is (the input
+        layer, l = 1, computes nothing)."""
+        B = int(self.ctx.cfg.train.batch_size)
         out = {}
         for layer, lo, hi in self.partition.super_neurons[s].chunks:
-            out[("FW", layer)] = self.chunk_seconds(dev, "fwd", layer, hi - lo, B)
-            out[("BW", layer)] = self.chunk_seconds(dev, "bwd", layer, hi - lo, B) + self.chunk_seconds(dev, "step", layer, hi - lo, B)
+            if layer < 2:
+                out[("FW", layer)], out[("BW", layer)] = [], []
+                continue
+            u, share = layer - 2, (hi - lo) / self.sizes[layer - 1]
+            out[("FW", layer)] = [Work("fwd", u, u + 1, B, share=share)]
+            out[("BW", layer)] = [Work("bwd", u, u + 1, B, share=share), Work("step", u, u + 1, 0, share=share)]
         return out
+
+    def op_seconds(self, s: int, perm) -> dict:
+        """{(op, layer): seconds} of super neuron s's ops on its device under `perm`, by the predictor."""
+        dev = self.ctx.cluster.device(self.devices[perm[s]])
+        return {k: sum(self.ctx.predictor.predict(dev, w) for w in works) for k, works in self.op_works(s).items()}
 
     def message_bytes(self, width: int) -> int:
         B = int(self.ctx.cfg.train.batch_size)

@@ -38,7 +38,6 @@ import collections
 import torch
 import torch.nn.functional as F
 
-from framework.cluster import Work
 from framework.scheduler import Role
 from plugins.schedulers.super_neuron import linear_of
 
@@ -54,7 +53,7 @@ class SuperNeuronRole(Role):
         self.L = p.L
         self.chunks = {layer: (lo, hi) for layer, lo, hi in p.super_neurons[s].chunks}
         self.holders = {l: p.holders(l) for l in range(1, self.L + 1)}
-        self.seconds = sched.op_seconds(s, sched.perm)
+        self.works = sched.op_works(s)
         train = sched.ctx.cfg.train
         self.lr, self.momentum, self.wd = float(train.lr), float(train.momentum), float(train.weight_decay)
         self.stashing = bool(sched.cfg.weight_stashing)
@@ -188,7 +187,7 @@ class SuperNeuronRole(Role):
                 z = prev @ W.T + b
                 return z, (z if last else torch.relu(z))
 
-            z, a = await ctx.compute(Work("fwd", seconds=self.seconds[("FW", l)]), fwd, iteration=gid)
+            z, a = await ctx.compute(self.works[("FW", l)][0], fwd, iteration=gid)
             self.stash[(l, gid)] = {"prev": prev, "z": z, "W": W, "arrived": arrived, "version": self.version[l]}
         if l + 1 in self.chunks or l == self.L:
             self.acts[(l, gid)] = a
@@ -249,7 +248,9 @@ class SuperNeuronRole(Role):
             self._sgd(l, gW, gb)
             return parts
 
-        parts = await ctx.compute(Work("bwd", seconds=self.seconds[("BW", l)]), bwd, iteration=gid)
+        bwd_work, step_work = self.works[("BW", l)]
+        parts = await ctx.compute(bwd_work, bwd, iteration=gid)  # the update is applied in there; its time follows
+        await ctx.compute(step_work, None, iteration=gid)
         stale = self.version[l] - 1 - st["version"]  # updates between its forward and this one
         self.staleness.append(stale)
         self.stale_log.append((l, gid, stale))
