@@ -1,0 +1,74 @@
+"""AccEPT's latency predictor pieces (plugins/predictors/accept_data.py, accept_mlp.py): the
+sub-model encoding and representatives of notes 2.1, the synthetic devices, and that the
+dual-stream MLP learns a device family from hardware vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from plugins.predictors import accept_data as ad
+from plugins.predictors.accept_mlp import LatencyPredictor
+from tests.conftest import compose_cfg
+
+
+@pytest.fixture(scope="module")
+def mobilenet_facts():
+    from framework import registry
+    from framework.models import build_model
+
+    registry.load_plugins()
+    cfg = compose_cfg(["model=mobilenetv2", "dataset=synthetic_cifar10"])
+    return ad.model_facts(build_model(cfg.model, (3, 32, 32), 10))
+
+
+def test_submodels_and_masks():
+    subs = ad.submodels(20)
+    assert len(subs) == 210 and len(set(subs)) == 210
+    assert ad.mask(10, 2, 7).tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0, 0]  # the paper's example, corrected (notes 2.1)
+
+
+def test_representatives_of_the_20_unit_mobilenetv2(mobilenet_facts):
+    """Sorted by FLOPs, indices floor(k * 209 / 9): 0, 23, 46, ..., 209: the smallest sub-model
+    (the classifier alone) and the whole model among them."""
+    facts = mobilenet_facts
+    assert facts.L == 20
+    flops = {ab: facts.flops(*ab) for ab in ad.submodels(20)}
+    reps = ad.representatives(flops)
+    order = sorted(flops, key=lambda ab: (flops[ab], ab))
+    assert [order.index(r) for r in reps] == [0, 23, 46, 69, 92, 116, 139, 162, 185, 209]
+    assert reps[0] == (19, 20) and reps[-1] == (0, 20)
+
+
+def test_synthetic_devices_are_seeded_non_additive_transforms(mobilenet_facts):
+    facts = mobilenet_facts
+    host = {1: np.linspace(1e-3, 5e-2, 210), 2: np.linspace(8e-4, 3e-2, 210)}
+    a, b, c = (ad.SyntheticDevice(s, facts, host) for s in (3, 3, 4))
+    assert np.array_equal(a.times(), b.times()) and not np.array_equal(a.times(), c.times())
+    assert (a.times() > 0).all()
+    whole = a.time(0, 20)
+    assert abs(whole - sum(a.time(j, j + 1) for j in range(20))) / whole > 0.01  # a per-unit table is not the truth
+
+
+def test_the_predictor_learns_a_device_family_from_hardware_vectors():
+    """Devices whose unit costs are one profile times a speed plus a per-unit launch cost: after
+    pre-training on 30 of them, an unseen one is predicted from its 10 representatives alone."""
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    L = 8
+    subs = ad.submodels(L)
+    unit = rng.uniform(1, 5, L) * 1e-3
+    flops = {ab: float(unit[ab[0]:ab[1]].sum()) for ab in subs}
+    reps = ad.representatives(flops)
+    masks = np.stack([ad.mask(L, a, b) for a, b in subs])
+
+    def device(speed, launch):
+        t = np.array([speed * unit[a:b].sum() + launch * (b - a) for a, b in subs])
+        return np.repeat(np.array([t[subs.index(r)] for r in reps])[None], len(subs), 0), t
+
+    pool = [device(rng.uniform(0.5, 4), rng.uniform(0, 2e-3)) for _ in range(30)]
+    p = LatencyPredictor(L, seed=0, width=64).fit(np.concatenate([masks] * 30), np.concatenate([h for h, _ in pool]), np.concatenate([t for _, t in pool]), epochs=800)
+    h, t = device(1.7, 1e-3)
+    err = np.abs(p.predict(masks, h) - t) / t
+    assert np.mean(err <= 0.10) >= 0.9, np.sort(err)[-5:]
