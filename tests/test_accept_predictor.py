@@ -72,3 +72,54 @@ def test_the_predictor_learns_a_device_family_from_hardware_vectors():
     h, t = device(1.7, 1e-3)
     err = np.abs(p.predict(masks, h) - t) / t
     assert np.mean(err <= 0.10) >= 0.9, np.sort(err)[-5:]
+
+
+# ---- the planner's predictors: lut and capacity (plugins/predictors/profiled.py) -----------------
+
+
+def _job(tmp_path, overrides):
+    from framework.job import Job
+
+    return Job(compose_cfg(["tracking=none", "runtime.numerics=false", "model=mobilenetv2", "dataset=synthetic_cifar10",
+                            "cluster=uniform", "cluster.num_devices=3", "train.batch_size=32", "train.iterations_per_epoch=2"] + overrides), tmp_path / "run")
+
+
+def test_lut_sums_unit_times_and_is_exact_on_additive_devices(tmp_path):
+    from framework.cluster import Work
+
+    job = _job(tmp_path, ["predictor=lut", "cluster.device.call_overhead_s=1e-4"])
+    dev = job.cluster.device("dev1")
+    for a, b in [(0, 20), (3, 9), (19, 20)]:
+        w = Work("fwd", a, b, 32)
+        assert job.predictor.predict(dev, w) == pytest.approx(dev.time(w), rel=1e-12)
+        assert job.predictor.predict(dev, w) == pytest.approx(sum(dev.time(Work("fwd", j, j + 1, 32)) for j in range(a, b)), rel=1e-12)
+
+
+def test_capacity_scales_the_central_profile_by_one_ratio(tmp_path):
+    """dev1 twice as slow as dev0 everywhere: the ratio is 2 and the prediction exact. dev2 slow
+    only on depthwise convolutions: one ratio from its current sub-model spreads that over every
+    unit, so some sub-models are predicted wrong, where the oracle is exact."""
+    from framework.cluster import Work
+
+    devices = {"dev1": {"slowdown": 2.0}, "dev2": {"kind_factors": {"depthwise": 6.0}}}
+    job = _job(tmp_path, ["predictor=capacity", f"+cluster.devices={devices}".replace("'", "")])
+    pred, d1, d2 = job.predictor, job.cluster.device("dev1"), job.cluster.device("dev2")
+    assert pred.ratio(d1, 32) == pytest.approx(2.0)
+    for a, b in [(0, 20), (4, 11)]:
+        assert pred.predict(d1, Work("bwd", a, b, 32)) == pytest.approx(d1.time(Work("bwd", a, b, 32)), rel=1e-9)
+    errors = [abs(pred.predict(d2, Work("fwd", a, b, 32)) / d2.time(Work("fwd", a, b, 32)) - 1) for a, b in [(0, 1), (1, 2), (19, 20), (0, 20)]]
+    assert max(errors) > 0.2
+
+
+def test_a_blind_predictor_plans_a_slower_pipeline(tmp_path):
+    """The DP is only as good as its costs: on devices with per-kind speeds (fast links, so
+    compute decides), the plans from capacity and FLOPs misplace a cut and their epochs (each
+    simulated on the true device models) are slower than the oracle plan's."""
+    devices = {"dev1": {"kind_factors": {"conv": 10.0, "depthwise": 4.0}}, "dev2": {"kind_factors": {"linear": 20.0, "pointwise": 0.5}}}
+    over = [f"+cluster.devices={devices}".replace("'", ""), "scheduler=pipedream", "cluster.link.bandwidth_bps=1e12"]
+    times = {}
+    for p in ("oracle", "capacity", "flops"):
+        job = _job(tmp_path / p, over + [f"predictor={p}"])
+        job.run()
+        times[p] = job.virtual_time
+    assert times["oracle"] < times["capacity"] and times["oracle"] < times["flops"], times

@@ -14,6 +14,17 @@ class OracleConfig(PredictorConfig):
 
 
 @dataclass
+class LutConfig(PredictorConfig):
+    name: str = "lut"
+
+
+@dataclass
+class CapacityConfig(PredictorConfig):
+    name: str = "capacity"
+    central: str = "dev0"  # FTPipeHD's central node: its per-unit profile is scaled by each device's ratio
+
+
+@dataclass
 class FlopsConfig(PredictorConfig):
     name: str = "flops"
     flops_per_s: float = 1.0e9  # assumed rate when the device declares none
