@@ -123,3 +123,23 @@ def test_a_blind_predictor_plans_a_slower_pipeline(tmp_path):
         job.run()
         times[p] = job.virtual_time
     assert times["oracle"] < times["capacity"] and times["oracle"] < times["flops"], times
+
+
+def test_the_accept_predictor_plans_from_hardware_vectors_and_caches_its_training(tmp_path):
+    """predictor=accept on LeNet: pre-trained on a small pool of simulated devices, it predicts
+    the run's devices' sub-models from their measured representatives; a second job loads the
+    cached weights and predicts the same."""
+    from framework.cluster import Work
+
+    over = ["predictor=accept", "predictor.pool=30", "predictor.epochs=400", f"predictor.cache_dir={tmp_path / 'cache'}", "model=lenet", "dataset=synthetic_mnist"]
+    job = _job(tmp_path / "a", over)
+    dev = job.cluster.device("dev1")
+    works = [Work(k, a, b, 32) for a, b in ad.submodels(len(job.model)) for k in ("fwd", "bwd")]
+    first = [job.predictor.predict(dev, w) for w in works]
+    err = np.array([abs(p / dev.time(w) - 1) for p, w in zip(first, works)])
+    assert np.median(err) < 0.25, np.sort(err)
+    cached = sorted((tmp_path / "cache").glob("accept_*.safetensors"))
+    assert len(cached) == 2  # one per batch size asked: the planner's micro-batch and 32 here
+    again = _job(tmp_path / "b", over)
+    assert [again.predictor.predict(again.cluster.device("dev1"), w) for w in works] == pytest.approx(first, rel=1e-6)
+    assert sorted((tmp_path / "cache").glob("accept_*.safetensors")) == cached

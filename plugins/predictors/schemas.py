@@ -3,7 +3,8 @@ framework.registry.declare)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 from framework.config import PredictorConfig
 
@@ -22,6 +23,19 @@ class LutConfig(PredictorConfig):
 class CapacityConfig(PredictorConfig):
     name: str = "capacity"
     central: str = "dev0"  # FTPipeHD's central node: its per-unit profile is scaled by each device's ratio
+
+
+@dataclass
+class AcceptConfig(PredictorConfig):
+    name: str = "accept"
+    pool: int = 100  # pre-training devices (the paper: 24 CPU configurations)
+    epochs: int = 1500
+    width: int = 128
+    seed: int = 0
+    flops_per_s_range: List[float] = field(default_factory=lambda: [1.0e8, 1.0e11])  # the pool's rates, log-uniform
+    kind_factor_range: List[float] = field(default_factory=lambda: [0.25, 6.0])  # the pool's per-layer-kind factors, log-uniform
+    max_call_overhead_s: float = 2.0e-3  # the pool's per-unit call overheads, uniform from 0
+    cache_dir: Optional[str] = "outputs/cache"  # trained weights per model, batch and config; null: train every run
 
 
 @dataclass

@@ -1,0 +1,123 @@
+"""`predictor=accept`: AccEPT's dual-stream latency predictor (notes 2.1) for the planners.
+
+For a model and a batch size it pre-trains `plugins.predictors.accept_mlp.LatencyPredictor` on a
+pool of devices of the simulator's own family: analytic devices with seeded random rates,
+per-layer-kind factors, per-unit call overheads and backward ratios, every contiguous sub-model
+timed forward + backward (the paper pre-trains on 24 CPU configurations; experiments/
+accept_predictor.py checks the same predictor on timings of this host). A device of the run is
+then known by its hardware vector: the forward + backward times of its 10 representative
+sub-models, measured on it (its time model), and the MLP predicts any sub-model from that.
+
+What the planners ask for is per kind: the forward's share of a prediction is the share the
+device's representatives measured, the backward the rest; an optimizer step is the device's
+measured step of the whole model scaled by the parameters. The trained weights are cached on disk
+(`cache_dir`, keyed by the model's units, the batch and this config), so only a model's first run
+at a batch size pays for pre-training (MobileNetV2: about 2 minutes on one core).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from framework.cluster import Device, Work
+from framework.config import DeviceConfig
+from framework.models import KINDS
+from plugins.predictors import accept_data as ad
+from plugins.predictors.accept_mlp import LatencyPredictor
+from plugins.predictors.profiled import measure
+from plugins.predictors.schemas import AcceptConfig  # noqa: F401  (registry.declare)
+
+
+def pool_device(seed: int, infos, cfg) -> Device:
+    rng = np.random.default_rng(seed)
+    lo, hi = (math.log(float(x)) for x in cfg.flops_per_s_range)
+    klo, khi = (math.log(float(x)) for x in cfg.kind_factor_range)
+    kf = np.exp(rng.uniform(klo, khi, len(KINDS)))
+    dcfg = DeviceConfig(time_model="analytic", flops_per_s=float(np.exp(rng.uniform(lo, hi))), kind_factors={k: float(f) for k, f in zip(KINDS, kf)},
+                        call_overhead_s=float(rng.uniform(0.0, float(cfg.max_call_overhead_s))), backward_ratio=float(rng.uniform(1.5, 2.5)))
+    return Device(f"pool{seed}", dcfg, infos)
+
+
+def fwd_bwd(device: Device, a: int, b: int, batch: int) -> float:
+    return measure(device, Work("fwd", a, b, batch)) + measure(device, Work("bwd", a, b, batch))
+
+
+class AcceptPredictor:
+    def __init__(self, cfg, cluster):
+        self.cfg, self.cluster = cfg, cluster
+        self.infos = next(iter(cluster.devices.values())).infos if cluster.devices else []
+        self.L = len(self.infos)
+        self.subs = ad.submodels(self.L)
+        flops = {ab: sum(i.flops for i in self.infos[ab[0]:ab[1]]) for ab in self.subs}
+        self.reps = ad.representatives(flops)
+        self._mlp: dict[int, LatencyPredictor] = {}
+        self._device: dict = {}  # (device, batch) -> (hardware vector, forward share)
+
+    # ---- pre-training ------------------------------------------------------------------------
+
+    def _key(self, batch: int) -> str:
+        facts = [[i.name, i.flops, i.params, sorted(i.flops_by_kind.items())] for i in self.infos]
+        cfg = {k: self.cfg[k] for k in ("pool", "epochs", "width", "seed", "flops_per_s_range", "kind_factor_range", "max_call_overhead_s")}
+        return hashlib.sha256(json.dumps([facts, batch, cfg], default=str).encode()).hexdigest()[:16]
+
+    def model(self, batch: int) -> LatencyPredictor:
+        if batch in self._mlp:
+            return self._mlp[batch]
+        masks = np.stack([ad.mask(self.L, a, b) for a, b in self.subs])
+        pool = [pool_device(int(self.cfg.seed) * 100_003 + i, self.infos, self.cfg) for i in range(int(self.cfg.pool))]
+        times = [np.array([fwd_bwd(d, a, b, batch) for a, b in self.subs]) for d in pool]
+        hs = [np.repeat(np.array([t[self.subs.index(r)] for r in self.reps])[None], len(self.subs), 0) for t in times]
+        mlp = LatencyPredictor(self.L, seed=int(self.cfg.seed), width=int(self.cfg.width))
+        path = Path(str(self.cfg.cache_dir)).expanduser() / f"accept_{self._key(batch)}.safetensors" if self.cfg.cache_dir else None
+        if path is not None and path.is_file():
+            from safetensors.torch import load_file
+
+            logh = np.log(np.concatenate(hs))
+            mlp.h_mean, mlp.h_std = logh.mean(0), logh.std(0) + 1e-9
+            mlp.y_mean = float(np.log(np.concatenate(times)).mean())
+            mlp.data = (np.concatenate([masks] * len(pool)), np.concatenate(hs), np.concatenate(times))
+            mlp.net.load_state_dict(load_file(str(path)))
+        else:
+            import sys
+            import time
+
+            t0 = time.perf_counter()
+            print(f"predictor=accept: pre-training on {len(pool)} simulated devices x {len(self.subs)} sub-models at batch {batch} "
+                  f"(once{'; cached in ' + str(path.parent) if path else ''})", file=sys.stderr, flush=True)
+            mlp.fit(np.concatenate([masks] * len(pool)), np.concatenate(hs), np.concatenate(times), epochs=int(self.cfg.epochs))
+            print(f"predictor=accept: pre-trained in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            if path is not None:
+                from safetensors.torch import save_file
+
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_file({k: v.contiguous() for k, v in mlp.net.state_dict().items()}, str(path))
+        self._mlp[batch] = mlp
+        return mlp
+
+    # ---- a device of the run -----------------------------------------------------------------
+
+    def hardware(self, device: Device, batch: int) -> tuple[np.ndarray, float]:
+        """(h, forward share): the device's measured times of the 10 representatives."""
+        key = (device.name, batch)
+        if key not in self._device:
+            fwd = np.array([measure(device, Work("fwd", a, b, batch)) for a, b in self.reps])
+            bwd = np.array([measure(device, Work("bwd", a, b, batch)) for a, b in self.reps])
+            self._device[key] = (fwd + bwd, float(fwd.sum() / (fwd + bwd).sum()))
+        return self._device[key]
+
+    def predict(self, device: Device, work: Work) -> float:
+        if work.seconds is not None:
+            return work.seconds
+        if work.kind == "step":  # not the predictor's: the device's whole-model step, by parameters
+            whole = measure(device, Work("step", 0, self.L, 0))
+            params = sum(i.params for i in self.infos)
+            return whole * work.share * sum(i.params for i in self.infos[work.start:work.stop]) / params if params else 0.0
+        batch = max(int(work.batch), 1)
+        h, fwd_share = self.hardware(device, batch)
+        t = float(self.model(batch).predict(ad.mask(self.L, work.start, work.stop)[None], h[None])[0])
+        return t * work.share * (fwd_share if work.kind == "fwd" else 1.0 - fwd_share)
