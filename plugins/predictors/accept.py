@@ -8,7 +8,9 @@ accept_predictor.py checks the same predictor on timings of this host). A device
 then known by its hardware vector: the forward + backward times of its 10 representative
 sub-models, measured on it (its time model), and the MLP predicts any sub-model from that.
 
-What the planners ask for is per kind: the forward's share of a prediction is the share the
+The predictor is trained for one batch size, the first the planner asks for (its micro-batch);
+a prediction at another (an epoch's short last micro-batch) is scaled as the device's measured
+whole model scales between the two. What the planners ask for is per kind: the forward's share of a prediction is the share the
 device's representatives measured, the backward the rest; an optimizer step is the device's
 measured step of the whole model scaled by the parameters. The trained weights are cached on disk
 (`cache_dir`, keyed by the model's units, the batch and this config), so only a model's first run
@@ -57,6 +59,7 @@ class AcceptPredictor:
         self.reps = ad.representatives(flops)
         self._mlp: dict[int, LatencyPredictor] = {}
         self._device: dict = {}  # (device, batch) -> (hardware vector, forward share)
+        self._batch: int | None = None
 
     # ---- pre-training ------------------------------------------------------------------------
 
@@ -118,6 +121,11 @@ class AcceptPredictor:
             params = sum(i.params for i in self.infos)
             return whole * work.share * sum(i.params for i in self.infos[work.start:work.stop]) / params if params else 0.0
         batch = max(int(work.batch), 1)
-        h, fwd_share = self.hardware(device, batch)
-        t = float(self.model(batch).predict(ad.mask(self.L, work.start, work.stop)[None], h[None])[0])
-        return t * work.share * (fwd_share if work.kind == "fwd" else 1.0 - fwd_share)
+        if self._batch is None:
+            self._batch = batch  # the predictor's batch: the first the planner asks for (its micro-batch)
+        h, fwd_share = self.hardware(device, self._batch)
+        t = float(self.model(self._batch).predict(ad.mask(self.L, work.start, work.stop)[None], h[None])[0])
+        t *= work.share * (fwd_share if work.kind == "fwd" else 1.0 - fwd_share)
+        if batch != self._batch:  # another batch (an epoch's short last one): as the device's whole model scales
+            t *= fwd_bwd(device, 0, self.L, batch) / fwd_bwd(device, 0, self.L, self._batch)
+        return t
