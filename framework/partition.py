@@ -38,31 +38,14 @@ def bounds_from_cuts(cuts, num_stages: int, num_units: int) -> list[tuple[int, i
 
 
 def balanced_bounds(unit_cost, num_stages: int, num_units: int) -> list[tuple[int, int]]:
-    """Contiguous split minimising the maximum stage cost; unit_cost(stage, i) -> seconds.
-
-    Ties are broken towards earlier cuts, so equal costs give the textbook even split."""
-    inf = float("inf")
+    """Contiguous split minimising the maximum stage cost; unit_cost(stage, i) -> seconds (summed
+    over a stage's units; links cost nothing). Ties go to earlier cuts, so equal costs give the
+    textbook even split."""
     prefix = [[0.0] * (num_units + 1) for _ in range(num_stages)]
     for s in range(num_stages):
         for i in range(num_units):
             prefix[s][i + 1] = prefix[s][i] + unit_cost(s, i)
-    # best[s][j]: minimal max cost placing units [0, j) on stages [0, s]
-    best = [[inf] * (num_units + 1) for _ in range(num_stages)]
-    arg = [[0] * (num_units + 1) for _ in range(num_stages)]
-    for j in range(1, num_units + 1):
-        best[0][j] = prefix[0][j]
-    for s in range(1, num_stages):
-        for j in range(s + 1, num_units + 1):
-            for k in range(s, j):  # stage s takes units [k, j)
-                c = max(best[s - 1][k], prefix[s][j] - prefix[s][k])
-                if c < best[s][j] - 1e-15 * abs(c):
-                    best[s][j], arg[s][j] = c, k
-    edges = [num_units]
-    for s in range(num_stages - 1, 0, -1):
-        edges.append(arg[s][edges[-1]])
-    edges.append(0)
-    edges.reverse()
-    return list(zip(edges[:-1], edges[1:]))
+    return bottleneck_bounds(lambda s, a, b: prefix[s][b] - prefix[s][a], lambda s, p: 0.0, num_stages, num_units)[0]
 
 
 def bottleneck_bounds(stage_cost, link_cost, num_stages: int, num_units: int) -> tuple[list[tuple[int, int]], float]:
