@@ -143,3 +143,20 @@ def test_the_accept_predictor_plans_from_hardware_vectors_and_caches_its_trainin
     again = _job(tmp_path / "b", over)
     assert [again.predictor.predict(again.cluster.device("dev1"), w) for w in works] == pytest.approx(first, rel=1e-6)
     assert sorted((tmp_path / "cache").glob("accept_*.safetensors")) == cached
+
+
+def test_the_accept_preset_is_the_papers_run(tmp_path):
+    """experiment=accept: MobileNetV2 at batch 128 on scenario 1, PipeDream's asynchronous 1F1B
+    cut by the DP over the AccEPT predictor and MBQ sizes (2-bit forward, 8-bit backward first)."""
+    from framework.job import Job
+
+    cfg = compose_cfg(["experiment=accept", "tracking=none", "runtime.numerics=false", "train.iterations_per_epoch=3",
+                       "predictor.pool=8", "predictor.epochs=30", f"predictor.cache_dir={tmp_path / 'cache'}"])
+    assert (cfg.model.name, cfg.scheduler.name, cfg.scheduler.partition, cfg.predictor.name, cfg.compressor.name) == ("mobilenetv2", "pipedream", "dp", "accept", "mbq")
+    assert cfg.cluster.name == "accept_s1" and cfg.train.batch_size == 128
+    assert [list(x) for x in cfg.compressor.forward.schedule] == [[0, 2], [130, 3], [175, 4]]
+    job = Job(cfg, tmp_path / "run")
+    job.run()
+    stages = job.scheduler.plan()["stages"]
+    assert len(stages) == 3 and stages[0]["predicted_link_s"] > 0
+    assert job.virtual_time > 0
