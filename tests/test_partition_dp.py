@@ -99,5 +99,27 @@ def test_the_plans_predicted_epoch_is_the_simulated_one(tmp_path, overrides, tol
 
 
 def test_an_unknown_partition_names_the_choices(tmp_path):
-    with pytest.raises(ConfigError, match="choices: dp, even"):
+    with pytest.raises(ConfigError, match="choices: dp, search, even"):
         Job(compose_cfg(["tracking=none", "scheduler.partition=uneven"]), tmp_path / "run")
+
+
+def test_search_plays_out_every_partition_and_beats_the_bottleneck_program(tmp_path):
+    """partition=search: with exact costs its epoch is the best any partition has, and on an
+    asynchronous pipeline over slow links Eq. 10's bottleneck plan is measurably slower (it leaves
+    out the round trips): AccEPT's scenario 1 at 1 Mbit/s, exact costs, no compression."""
+    over = ["experiment=accept", "predictor=oracle", "compressor=none", "cluster.link.bandwidth_bps=1e6"]
+    t_search, plan = virtual_time(tmp_path, "search", over + ["scheduler.partition=search"])
+    t_dp, _ = virtual_time(tmp_path, "dp", over)
+    assert plan["partition"] == "search" and plan["predicted_epoch_s"] == pytest.approx(t_search, rel=1e-9)
+    assert t_search < 0.9 * t_dp, (t_search, t_dp)
+    job = Job(compose_cfg(["tracking=none", "runtime.numerics=false"] + over), tmp_path / "probe")
+    sched, devices = job.scheduler, [s["device"] for s in job.scheduler.plan()["stages"]]
+    L = len(job.model)
+    best = min(sched.predicted_epoch_s(devices, [(0, a), (a, b), (b, L)]) for a, b in itertools.combinations(range(1, L), 2))
+    assert t_search == pytest.approx(best, rel=1e-12)
+
+
+def test_search_refuses_too_many_partitions(tmp_path):
+    with pytest.raises(ConfigError, match="search would play out"):
+        Job(compose_cfg(["tracking=none", "runtime.numerics=false", "model=mobilenetv2", "dataset=synthetic_cifar10", "cluster=uniform",
+                         "cluster.num_devices=8", "scheduler.partition=search"]), tmp_path / "run")
