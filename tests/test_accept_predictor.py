@@ -160,3 +160,27 @@ def test_the_accept_preset_is_the_papers_run(tmp_path):
     stages = job.scheduler.plan()["stages"]
     assert len(stages) == 3 and stages[0]["predicted_link_s"] > 0
     assert job.virtual_time > 0
+
+
+@pytest.mark.slow  # three role processes over a real mosquitto (13 s)
+def test_the_accept_run_on_real_processes_equals_the_simulator(tmp_path):
+    """experiment=accept on runtime=local: the coordinator plans once (the predictor trains there),
+    the three stages run as processes over MQTT with MBQ on every link, and the float64 weights are
+    the simulator's, bit for bit."""
+    import shutil
+
+    from framework.job import Job
+
+    if shutil.which("mosquitto") is None:
+        pytest.skip("mosquitto not installed (bash setup.sh)")
+    base = ["experiment=accept", "tracking=none", "runtime.progress=false", "train.iterations_per_epoch=3", "train.batch_size=16", "dataset.n_val=32",
+            "dataset.n_test=32", "runtime.dtype=float64", "predictor.pool=8", "predictor.epochs=30", f"predictor.cache_dir={tmp_path / 'cache'}",
+            "cluster.link.bandwidth_bps=4e6"]
+    out = {}
+    for rt, extra in (("sim", []), ("local", ["runtime=local", "transport=mqtt"])):
+        job = Job(compose_cfg(base + extra), tmp_path / rt)
+        job.run()
+        out[rt] = ([s["units"] for s in job.scheduler.plan()["stages"]], job.final_model().state_dict())
+    assert out["sim"][0] == out["local"][0]
+    a, b = out["sim"][1], out["local"][1]
+    assert all(torch.equal(a[k], b[k]) for k in a)
