@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import copy
 
-import torch
 from torch import nn
 
+from framework import pipeline_cost
 from framework import repartition as rp
 from framework.cluster import Work
 from framework.data import split_microbatches
@@ -159,105 +159,16 @@ class PipelineScheduler(Scheduler):
     def plan(self) -> dict:
         return self._plan
 
+    # -- what a plan costs (framework.pipeline_cost) -------------------------------------------
+
     def predicted_epoch_s(self, devices: list[str], bounds) -> float:
-        """An epoch of this plan as the predictor and the links price it (framework.pipeline_time)."""
-        from framework import pipeline_time as pt
-
-        ctx = self.ctx
-        S, cl, comp, pred = len(bounds), ctx.cluster, ctx.compressor, ctx.predictor
-        dev = [cl.device(d) for d in devices]
-        memo: dict = {}
-
-        def codec(kind: str, tag: str, x: dict) -> float:
-            return comp.codec_estimate(kind, tag, x) or 0.0  # a measured codec time is not predicted
-
-        def boundary(s: int, unit: int, n: int) -> dict:
-            return {"x": torch.empty((n, *ctx.model.infos[unit - 1].out_shape), dtype=ctx.dtype, device="meta")}
-
-        def priced(s: int, op: str, key, n: int) -> pt.Action:
-            """The action's device seconds (decoding what it received, computing, encoding what it
-            sends) and its message's link seconds."""
-            if (s, op, n) not in memo:
-                a, b = bounds[s]
-                if op == "STEP":
-                    memo[(s, op, n)] = (pred.predict(dev[s], Work("step", a, b)), 0.0)
-                else:
-                    secs = pred.predict(dev[s], Work("fwd" if op == "F" else "bwd", a, b, n))
-                    fwd = op == "F"
-                    tag = comp.forward_tag if fwd else comp.backward_tag
-                    # to and from whom it sends and receives, and the boundary unit of each message
-                    to, sent, frm, came = (s + 1, b, s - 1, a) if fwd else (s - 1, a, s + 1, b)
-                    if 0 <= frm < S and cl.link(devices[frm], devices[s]) is not None:
-                        secs += codec("decode", tag, boundary(s, came, n))
-                    link = cl.link(devices[s], devices[to]) if 0 <= to < S else None
-                    send = 0.0
-                    if link is not None:
-                        x = boundary(s, sent, n)
-                        secs += codec("encode", tag, x)
-                        send = link.tx_time(comp.packet_bytes(x, tag=tag), 0.0)
-                    memo[(s, op, n)] = (secs, send)
-            return pt.Action(op, key, *memo[(s, op, n)])
-
-        N, B = len(ctx.dataset.x_train), int(ctx.cfg.train.batch_size)
-        sizes = [min(B, N - i * B) for i in range(ctx.iterations_per_epoch())]
-        programs = []
-        for s in range(S):
-            prog = []
-            if self.flush_per == "iteration":
-                for it, size in enumerate(sizes):
-                    m = min(self.microbatches, size)
-                    mb = [size // m + (k < size % m) for k in range(m)]  # torch.tensor_split's sizes
-                    prog += [priced(s, a.op, (it, a.mb), 0 if a.op == "STEP" else mb[a.mb]) for a in self.actions(s, S, m)]
-            else:
-                prog = [priced(s, a.op, a.mb, 0 if a.op == "STEP" else sizes[a.mb]) for a in self.actions(s, S, len(sizes))]
-            programs.append(prog)
-        lat = [(cl.link(devices[s], devices[s + 1]), cl.link(devices[s + 1], devices[s])) for s in range(S - 1)]
-        return pt.makespan(programs, [d.cfg.latency_s if d else 0.0 for d, _ in lat], [u.cfg.latency_s if u else 0.0 for _, u in lat], bool(cl.cfg.shared_medium))
-
-    SEARCH_LIMIT = 5000  # partitions `search` plays out at most (C(19, 3) = 969 for 20 units on 4 stages)
+        return pipeline_cost.predicted_epoch_s(self, devices, bounds)
 
     def searched_bounds(self, devices: list[str]) -> list[tuple[int, int]]:
-        """`partition=search`: every contiguous partition, each judged by its predicted epoch
-        (framework.pipeline_time on the predictor's and the links' costs), the fastest taken; ties
-        go to the earlier cuts. Eq. 10's bottleneck leaves out what an asynchronous pipeline's round
-        trips cost: with exact costs, AccEPT's scenario 1 at 1 Mbit/s ran its DP plan in 81.1 s and
-        the searched one in 65.6 s."""
-        import itertools
-        import math
-
-        from framework.partition import check_stage_count
-
-        L, S = len(self.ctx.model), len(devices)
-        check_stage_count(S, L, self.ctx.model.name)
-        if math.comb(L - 1, S - 1) > self.SEARCH_LIMIT:
-            raise ConfigError("scheduler.partition", f"search would play out {math.comb(L - 1, S - 1)} partitions of {L} units on {S} stages (at most {self.SEARCH_LIMIT}); use dp")
-        best = None
-        for cuts in itertools.combinations(range(1, L), S - 1):
-            edges = [0, *cuts, L]
-            bounds = list(zip(edges[:-1], edges[1:]))
-            t = self.predicted_epoch_s(devices, bounds)
-            if best is None or t < best[0] - 1e-12 * abs(t):
-                best = (t, bounds)
-        return best[1]
+        return pipeline_cost.searched_bounds(self, devices)
 
     def boundary_seconds(self, devices: list[str]):
-        """link_cost(s, p) for `partition=dp`: per micro-batch, the slower direction of the boundary
-        before unit p between stages s and s + 1 (the activation down, its gradient up, each on its
-        own link; both, on a shared medium), at the compressor's wire size (framework.partition)."""
-        ctx = self.ctx
-        comp, cl = ctx.compressor, ctx.cluster
-
-        def cost(s: int, p: int) -> float:
-            x = {"x": torch.empty((self.mb_size, *ctx.model.infos[p - 1].out_shape), dtype=ctx.dtype, device="meta")}
-            a, b = devices[s], devices[s + 1]
-            down, up = cl.link(a, b), cl.link(b, a)
-            times = (down.tx_time(comp.packet_bytes(x, tag=comp.forward_tag), 0.0) if down else 0.0,
-                     up.tx_time(comp.packet_bytes(x, tag=comp.backward_tag), 0.0) if up else 0.0)
-            # one shared medium carries both directions in turn (the other boundaries' traffic too,
-            # which a per-boundary program cannot price)
-            return sum(times) if cl.cfg.shared_medium else max(times)
-
-        return cost
+        return pipeline_cost.boundary_seconds(self, devices)
 
     def memory_estimate(self, s: int, bounds) -> dict:
         """Bytes stage s holds at its peak: weights, gradients and optimizer state, plus the
