@@ -1,6 +1,7 @@
 """EdgePipe (Yoon et al., IEEE IoT-J 2022): `scheduler=super_neuron`, one role per super neuron.
 
-The planning layer (edgepipe_partition / _channel / _mapping / _timing) makes the plan:
+The planning layer (edgepipe_partition / _channel / _mapping / _timing, put together by
+edgepipe_plan) makes the plan:
 
 - the partition of the MLP's neurons into super neurons (Alg. 1; `partition_class` hybrid,
   vertical or horizontal; vertical on one device is the Naive baseline);
@@ -27,26 +28,22 @@ job evaluates, on the final states the roles sent.
 from __future__ import annotations
 
 import copy
-import logging
 import math
 
 import numpy as np
 import torch
 from torch import nn
 
-from framework import wire
 from framework.cluster import Work
 from framework.errors import ConfigError
 from framework.scheduler import Role, Scheduler
 from plugins.schedulers import edgepipe_budget as budget
-from plugins.schedulers import edgepipe_channel as channel
 from plugins.schedulers import edgepipe_mapping as mapping
+from plugins.schedulers import edgepipe_plan as plan_mod
 from plugins.schedulers import edgepipe_partition as part
 from plugins.schedulers import edgepipe_recovery as recovery
 from plugins.schedulers import edgepipe_timing as timing
 from plugins.schedulers.schemas import SuperNeuronConfig  # noqa: F401  (registry.declare)
-
-log = logging.getLogger(__name__)
 
 MAPPINGS = ("ga", "random", "upper", "identity")
 BWD_MODES = ("masked", "phantom")
@@ -104,7 +101,7 @@ class SuperNeuron(Scheduler):
                                             m_layers=None if cfg.m_layers is None else int(cfg.m_layers), rounding=str(cfg.rounding))
         except ValueError as e:
             raise ConfigError("scheduler.partition_class", f"{cfg.partition_class} over {len(self.devices)} devices: {e}") from None
-        self._plan = ctx.plan if ctx.plan is not None else self._make_plan()
+        self._plan = ctx.plan if ctx.plan is not None else plan_mod.make_plan(self)
         self.perm = tuple(self._plan["mapping"]["perm"])
         self.slot_s = float(self._plan["slot_s"])
         self._apply_prr(np.array(self._plan["prr"]["true"], dtype=float))
@@ -173,28 +170,6 @@ class SuperNeuron(Scheduler):
 
     # ---- the plan ----------------------------------------------------------------------------
 
-    def _prr(self) -> tuple[np.ndarray, np.ndarray, dict]:
-        """(true PRR driving the losses, PRR the mapper sees, description) in device space."""
-        cfg, n = self.cfg.prr, len(self.devices)
-        if cfg.source == "channel":
-            topo = channel.random_topology(int(cfg.topology_seed), n, roi_m=float(cfg.roi_m), probe_packets=int(cfg.probe_packets),
-                                           n=float(cfg.pathloss_exp), sigma_db=float(cfg.sigma_db), k_db=float(cfg.k_margin_db))
-            return topo.true_prr, topo.measured_prr, {"positions_m": topo.positions.tolist(), "topology_seed": int(cfg.topology_seed)}
-        if cfg.source == "given":
-            try:
-                m = channel.as_prr_matrix([list(r) for r in cfg.matrix])
-            except ValueError as e:
-                raise ConfigError("scheduler.prr.matrix", str(e)) from None
-            if m.shape != (n, n):
-                raise ConfigError("scheduler.prr.matrix", f"is {m.shape[0]} x {m.shape[1]}; the run uses {n} devices")
-            return m, m, {}
-        m = np.ones((n, n))
-        for i, a in enumerate(self.devices):
-            for j, b in enumerate(self.devices):
-                if i != j:
-                    m[i, j] = 1.0 - float(self.ctx.cluster.link(a, b).cfg.loss)
-        return m, m, {}
-
     def _apply_prr(self, true: np.ndarray) -> None:
         """Every link between the run's devices drops a message with probability 1 - PRR."""
         if self.cfg.prr.source == "cluster":
@@ -214,13 +189,6 @@ class SuperNeuron(Scheduler):
             for b in self.devices:
                 if a != b:
                     cl.link(a, b).set_retransmit_timeout(recovery.ack_wait_s(cl, a, b))
-
-    def _map(self, measured: np.ndarray) -> mapping.Mapping:
-        cfg, sn = self.cfg, part.snnet(self.partition)
-        if cfg.mapping == "identity" or len(self.devices) == 1:
-            ident = tuple(range(len(self.devices)))
-            return mapping.Mapping("identity", ident, mapping.score(sn, measured, ident), 1)
-        return mapping.map_devices(str(cfg.mapping), sn, measured, seed=int(cfg.mapping_seed), generations=cfg.generations)
 
     def op_works(self, s: int) -> dict:
         """{(op, layer): [Work, ...]} of super neuron s: FW = its chunk's forward; BW = the chunk's
@@ -242,70 +210,6 @@ class SuperNeuron(Scheduler):
         """{(op, layer): seconds} of super neuron s's ops on its device under `perm`, by the predictor."""
         dev = self.ctx.cluster.device(self.devices[perm[s]])
         return {k: sum(self.ctx.predictor.predict(dev, w) for w in works) for k, works in self.op_works(s).items()}
-
-    def message_bytes(self, width: int) -> int:
-        B = int(self.ctx.cfg.train.batch_size)
-        return wire.encoded_size({"x": torch.empty((B, width), dtype=self.ctx.dtype, device="meta"), "id": torch.zeros(1, dtype=torch.int64)})
-
-    def _slot(self, perm) -> dict:
-        comp = max((t for s in range(len(perm)) for t in self.op_seconds(s, perm).values()), default=0.0)
-        radio, tx = 0.0, recovery.max_transmissions(self.cfg)
-        for m in part.messages(self.partition):
-            a, b = self.devices[perm[m.src]], self.devices[perm[m.dst]]
-            link = self.ctx.cluster.link(a, b)
-            ack = recovery.ack_wait_s(self.ctx.cluster, a, b) if self.cfg.recovery == "ack" else 0.0  # each attempt's ACK wait
-            radio = max(radio, (link.tx_time(self.message_bytes(m.width), 0.0) + ack) * tx + link.cfg.latency_s)
-        derived = comp + radio + float(self.cfg.slot_margin_s)
-        if self.cfg.slot_s is not None and float(self.cfg.slot_s) < comp + radio:
-            log.warning("scheduler.slot_s=%s is shorter than the worst op plus the slowest message (%.6g s): ops overrun their slots "
-                        "and the schedule slips behind the slot clock", self.cfg.slot_s, comp + radio)
-        return {"slot_s": float(self.cfg.slot_s) if self.cfg.slot_s is not None else derived, "derived_slot_s": derived,
-                "worst_op_s": comp, "worst_message_s": radio, "margin_s": float(self.cfg.slot_margin_s)}
-
-    def _make_plan(self) -> dict:
-        p = self.partition
-        true, measured, where = self._prr()
-        mp = self._map(measured)
-        n_data = self.ctx.iterations_per_epoch()
-        counts = part.message_counts(p, perm=mp.perm)
-        pipe = bool(self.cfg.pipeline)
-        slot = self._slot(mp.perm)
-        extra = {}
-        if self.cfg.budget_min is not None:
-            try:
-                extra["budget"] = budget.budget_plan(p, float(self.cfg.budget_min), pipe, slot["slot_s"], n_data)
-            except ValueError as e:
-                raise ConfigError("scheduler.budget_min", str(e)) from None
-        n_run = extra["budget"]["minibatches"] if extra else n_data
-        return {
-            "scheduler": self.cfg.name,
-            "partition": {"class": p.kind, "effective_class": p.effective_class, "sizes": list(p.sizes), "groups": [list(g) for g in p.groups],
-                          "devices_per_group": list(p.devices), "m_layers": p.m_layers, "P": p.P, "notes": list(p.notes),
-                          "super_neurons": [{"sn": sn.index, "group": sn.group, "h": sn.h, "device": self.devices[mp.perm[sn.index]],
-                                             "chunks": [list(c) for c in sn.chunks]} for sn in p.super_neurons]},
-            "mapping": {"method": mp.method, "perm": list(mp.perm), "score": mp.score, "evaluated": mp.evaluated,
-                        "devices": {f"sn{s}": self.devices[d] for s, d in enumerate(mp.perm)}},
-            "prr": {"source": self.cfg.prr.source, "true": true.tolist(), "measured": measured.tolist(), "mean_true": channel.mean_prr(true) if len(true) > 1 else 1.0,
-                    **where},
-            "coordinator": self.devices[part.elect_coordinator(true)],
-            "messages_per_minibatch": int(counts.sum()),
-            "messages_per_pair": counts.tolist(),  # device space: row sends to column, per minibatch
-            "max_message_width": part.max_message_width(p),
-            "pipeline": pipe and timing.pipelined(p),
-            "weight_stashing": bool(self.cfg.weight_stashing),
-            "recovery": self.cfg.recovery,
-            "max_transmissions_per_message": recovery.max_transmissions(self.cfg),
-            "ack_max_retries": int(self.cfg.ack_max_retries) if self.cfg.recovery == "ack" else None,
-            "bwd_mode": self.cfg.bwd_mode,
-            **slot,
-            "cycle_slots": timing.cycle_slots(p, pipe),
-            "slots_per_epoch": timing.slots_for(p, n_run, pipe),
-            "predicted_epoch_s": timing.slots_for(p, n_run, pipe) * slot["slot_s"],
-            "predicted_iter_s": timing.cycle_slots(p, pipe) * slot["slot_s"],
-            "paper_table_ii_slot_ms": timing.table_ii_slot_ms(p),
-            "iterations_per_epoch": n_data,
-            **extra,
-        }
 
     def plan(self) -> dict:
         return self._plan
