@@ -19,26 +19,31 @@ from framework.errors import ConfigError
 from framework.partition import check_stage_count
 
 
-def predicted_epoch_s(sched, devices: list[str], bounds) -> float:
-    """An epoch of this plan as the predictor and the links price it (framework.pipeline_time)."""
+def boundary(ctx, unit: int, n: int) -> dict:
+    """The message crossing the boundary before `unit` for n samples (shapes only)."""
+    return {"x": torch.empty((n, *ctx.model.infos[unit - 1].out_shape), dtype=ctx.dtype, device="meta")}
+
+
+def predicted_epoch_s(sched, devices: list[str], bounds, memo: dict | None = None) -> float:
+    """An epoch of this plan as the predictor and the links price it (framework.pipeline_time).
+    `memo` keeps priced actions across calls on the same devices (`search` prices each stage's
+    units once, not once per partition)."""
     ctx = sched.ctx
     S, cl, comp, pred = len(bounds), ctx.cluster, ctx.compressor, ctx.predictor
     dev = [cl.device(d) for d in devices]
-    memo: dict = {}
+    memo = {} if memo is None else memo
 
     def codec(kind: str, tag: str, x: dict) -> float:
         return comp.codec_estimate(kind, tag, x) or 0.0  # a measured codec time is not predicted
 
-    def boundary(s: int, unit: int, n: int) -> dict:
-        return {"x": torch.empty((n, *ctx.model.infos[unit - 1].out_shape), dtype=ctx.dtype, device="meta")}
-
     def priced(s: int, op: str, key, n: int) -> pt.Action:
         """The action's device seconds (decoding what it received, computing, encoding what it
         sends) and its message's link seconds."""
-        if (s, op, n) not in memo:
-            a, b = bounds[s]
+        a, b = bounds[s]
+        k = (s, a, b, op, n)  # stage s's device and neighbours are fixed by `devices`
+        if k not in memo:
             if op == "STEP":
-                memo[(s, op, n)] = (pred.predict(dev[s], Work("step", a, b)), 0.0)
+                memo[k] = (pred.predict(dev[s], Work("step", a, b)), 0.0)
             else:
                 secs = pred.predict(dev[s], Work("fwd" if op == "F" else "bwd", a, b, n))
                 fwd = op == "F"
@@ -46,15 +51,15 @@ def predicted_epoch_s(sched, devices: list[str], bounds) -> float:
                 # to and from whom it sends and receives, and the boundary unit of each message
                 to, sent, frm, came = (s + 1, b, s - 1, a) if fwd else (s - 1, a, s + 1, b)
                 if 0 <= frm < S and cl.link(devices[frm], devices[s]) is not None:
-                    secs += codec("decode", tag, boundary(s, came, n))
+                    secs += codec("decode", tag, boundary(ctx, came, n))
                 link = cl.link(devices[s], devices[to]) if 0 <= to < S else None
                 send = 0.0
                 if link is not None:
-                    x = boundary(s, sent, n)
+                    x = boundary(ctx, sent, n)
                     secs += codec("encode", tag, x)
                     send = link.tx_time(comp.packet_bytes(x, tag=tag), 0.0)
-                memo[(s, op, n)] = (secs, send)
-        return pt.Action(op, key, *memo[(s, op, n)])
+                memo[k] = (secs, send)
+        return pt.Action(op, key, *memo[k])
 
     N, B = len(ctx.dataset.x_train), int(ctx.cfg.train.batch_size)
     sizes = [min(B, N - i * B) for i in range(ctx.iterations_per_epoch())]
@@ -86,11 +91,11 @@ def searched_bounds(sched, devices: list[str]) -> list[tuple[int, int]]:
     check_stage_count(S, L, sched.ctx.model.name)
     if math.comb(L - 1, S - 1) > SEARCH_LIMIT:
         raise ConfigError("scheduler.partition", f"search would play out {math.comb(L - 1, S - 1)} partitions of {L} units on {S} stages (at most {SEARCH_LIMIT}); use dp")
-    best = None
+    best, memo = None, {}
     for cuts in itertools.combinations(range(1, L), S - 1):
         edges = [0, *cuts, L]
         bounds = list(zip(edges[:-1], edges[1:]))
-        t = predicted_epoch_s(sched, devices, bounds)
+        t = predicted_epoch_s(sched, devices, bounds, memo)
         if best is None or t < best[0] - 1e-12 * abs(t):
             best = (t, bounds)
     return best[1]
@@ -104,7 +109,7 @@ def boundary_seconds(sched, devices: list[str]):
     comp, cl = ctx.compressor, ctx.cluster
 
     def cost(s: int, p: int) -> float:
-        x = {"x": torch.empty((sched.mb_size, *ctx.model.infos[p - 1].out_shape), dtype=ctx.dtype, device="meta")}
+        x = boundary(ctx, p, sched.mb_size)
         a, b = devices[s], devices[s + 1]
         down, up = cl.link(a, b), cl.link(b, a)
         times = (down.tx_time(comp.packet_bytes(x, tag=comp.forward_tag), 0.0) if down else 0.0,
