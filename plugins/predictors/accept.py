@@ -66,29 +66,25 @@ class AcceptPredictor:
     def _key(self, batch: int) -> str:
         facts = [[i.name, i.flops, i.params, sorted(i.flops_by_kind.items())] for i in self.infos]
         cfg = {k: self.cfg[k] for k in ("pool", "epochs", "width", "seed", "flops_per_s_range", "kind_factor_range", "max_call_overhead_s")}
-        return hashlib.sha256(json.dumps([facts, batch, cfg], default=str).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps([facts, batch, cfg, "v2"], default=str).encode()).hexdigest()[:16]  # v2: the file holds the normalisation
 
     def model(self, batch: int) -> LatencyPredictor:
         if batch in self._mlp:
             return self._mlp[batch]
-        masks = np.stack([ad.mask(self.L, a, b) for a, b in self.subs])
-        pool = [pool_device(int(self.cfg.seed) * 100_003 + i, self.infos, self.cfg) for i in range(int(self.cfg.pool))]
-        times = [np.array([fwd_bwd(d, a, b, batch) for a, b in self.subs]) for d in pool]
-        hs = [np.repeat(np.array([t[self.subs.index(r)] for r in self.reps])[None], len(self.subs), 0) for t in times]
         mlp = LatencyPredictor(self.L, seed=int(self.cfg.seed), width=int(self.cfg.width))
         path = Path(str(self.cfg.cache_dir)).expanduser() / f"accept_{self._key(batch)}.safetensors" if self.cfg.cache_dir else None
         if path is not None and path.is_file():
             from safetensors.torch import load_file
 
-            logh = np.log(np.concatenate(hs))
-            mlp.h_mean, mlp.h_std = logh.mean(0), logh.std(0) + 1e-9
-            mlp.y_mean = float(np.log(np.concatenate(times)).mean())
-            mlp.data = (np.concatenate([masks] * len(pool)), np.concatenate(hs), np.concatenate(times))
-            mlp.net.load_state_dict(load_file(str(path)))
+            mlp.load_tensors(load_file(str(path)))
         else:
             import sys
             import time
 
+            masks = np.stack([ad.mask(self.L, a, b) for a, b in self.subs])
+            pool = [pool_device(int(self.cfg.seed) * 100_003 + i, self.infos, self.cfg) for i in range(int(self.cfg.pool))]
+            times = [np.array([fwd_bwd(d, a, b, batch) for a, b in self.subs]) for d in pool]
+            hs = [np.repeat(np.array([t[self.subs.index(r)] for r in self.reps])[None], len(self.subs), 0) for t in times]
             t0 = time.perf_counter()
             print(f"predictor=accept: pre-training on {len(pool)} simulated devices x {len(self.subs)} sub-models at batch {batch} "
                   f"(once{'; cached in ' + str(path.parent) if path else ''})", file=sys.stderr, flush=True)
@@ -98,7 +94,7 @@ class AcceptPredictor:
                 from safetensors.torch import save_file
 
                 path.parent.mkdir(parents=True, exist_ok=True)
-                save_file({k: v.contiguous() for k, v in mlp.net.state_dict().items()}, str(path))
+                save_file(mlp.tensors(), str(path))
         self._mlp[batch] = mlp
         return mlp
 

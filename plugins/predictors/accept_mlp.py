@@ -54,6 +54,8 @@ class LatencyPredictor:
         the pre-training set D (continual learning without replaying all of D every time: with
         100 devices, a full pass per update cost 18 s), D^ repeated to weigh as much as one
         device's worth of D."""
+        if self.data is None:
+            raise ValueError("adapt continues training on the pre-training set: fit the predictor first (a loaded one has no set)")
         m0, h0, y0 = self.data
         pick = np.random.default_rng(seed).choice(len(m0), min(replay, len(m0)), replace=False)
         per_device = max(1, len(m0) // max(len(np.unique(h0[:, 0])), 1))
@@ -76,6 +78,18 @@ class LatencyPredictor:
             loss.backward()
             opt.step()
             sched.step()
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The trained predictor as tensors (weights and the input and target normalisation), for a
+        safetensors file; `load_tensors` reads them back."""
+        out = {f"net.{k}": v.contiguous() for k, v in self.net.state_dict().items()}
+        out.update(h_mean=torch.from_numpy(np.asarray(self.h_mean)), h_std=torch.from_numpy(np.asarray(self.h_std)), y_mean=torch.tensor(self.y_mean, dtype=torch.float64))
+        return out
+
+    def load_tensors(self, t: dict[str, torch.Tensor]) -> "LatencyPredictor":
+        self.net.load_state_dict({k[4:]: v for k, v in t.items() if k.startswith("net.")})
+        self.h_mean, self.h_std, self.y_mean = t["h_mean"].numpy(), t["h_std"].numpy(), float(t["y_mean"])
+        return self
 
     @torch.no_grad()
     def predict(self, masks: np.ndarray, hs: np.ndarray) -> np.ndarray:
