@@ -102,10 +102,10 @@ def checks(res: dict) -> list[tuple[str, bool, str]]:
     def have(*names):
         return all(n in res for n in names)
 
-    # Horizontal's output layer keeps training on random hidden features (its hidden layers almost
-    # never get a complete backward), so it gains with the budget: the notes' prototype measured
-    # +38 pt, a seed-0 run here +28.8 pt (Hybrid 83.1 %, Horizontal 54.3 %). The paper's +67.25 is
-    # not reproduced by any reading the notes tried.
+    # Horizontal's hidden layers almost never get a complete backward. With share_missing=abort
+    # (the default) its output layer rarely updates either: +49.8 pt over 3 seeds (Hybrid 83.42 %,
+    # Horizontal 33.66 %; paper +67.25). With zero_fill it keeps training on random hidden
+    # features: +29.7 pt (the notes' prototype +38).
     if have("hybrid", "horizontal"):
         d = pt["hybrid"] - pt["horizontal"]
         out.append(("hybrid - horizontal >= 30 pt (the issue's gate; paper +67.25)", d >= 30, f"{d:+.1f} pt"))
