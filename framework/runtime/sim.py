@@ -186,11 +186,12 @@ class SimRuntime(Runtime):
             fut = self.loop.sleep_until(now)
             fut.add_done_callback(lambda _: box.put(payload))
             return
-        if self.torch_device is not None:
-            tensors = {k: v if v.device.type in ("cpu", "meta") else v.cpu() for k, v in tensors.items()}
         t0 = time.perf_counter()
-        carried = self.codec.carry(tensors, tag=tag)  # raw tensors skip the wire bytes in-process
+        carried = self.codec.carry(tensors, tag=tag)  # raw tensors skip the wire bytes in-process,
+        # and stay where they are: a GPU's activations are not copied to the CPU and back
         if carried is None:
+            if self.torch_device is not None:
+                tensors = {k: v if v.device.type in ("cpu", "meta") else v.cpu() for k, v in tensors.items()}
             data, nbytes, raw_bytes = self.codec.encode(tensors, src=src, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
         else:
             data, nbytes = carried
@@ -215,7 +216,7 @@ class SimRuntime(Runtime):
             else:
                 t = self.codec.received(data, src=src, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
             dec_s = self.codec.codec_seconds("decode", tag, tensors, time.perf_counter() - t1)
-            if self.torch_device is not None:
+            if self.torch_device is not None:  # a no-op for what stayed on the GPU
                 t = {k: v if v.device.type == "meta" else v.to(self.torch_device) for k, v in t.items()}
             item = t["x"] if set(t) == {"x"} else t
             if dec_s > 0:
