@@ -74,6 +74,35 @@ class SGD(torch.optim.SGD):
         return loss
 
 
+def sgd_steps(optimizers: list[SGD]) -> None:
+    """Each optimizer's `step()` as one update over all their parameters, for replicas stepping
+    together (framework/replicas.py): one kernel launch per operation instead of one per
+    optimizer. Each must have one parameter group and all the same hyper-parameters; torch's
+    update is elementwise, and the single-tensor or foreach path it picks for one it picks for all
+    of them (same devices), so every parameter and momentum buffer ends as its own step leaves it."""
+    group = optimizers[0].param_groups[0]
+    params: list[torch.Tensor] = []
+    grads: list[torch.Tensor] = []
+    buffers: list[torch.Tensor | None] = []
+    spans = []
+    sparse = False
+    for opt in optimizers:
+        first = len(params)
+        sparse |= opt._init_group(opt.param_groups[0], params, grads, buffers)
+        spans.append((opt, first, len(params)))
+    hyper = dict(weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"], dampening=group["dampening"],
+                 nesterov=group["nesterov"], maximize=group["maximize"], has_sparse_grad=sparse)
+    with torch.no_grad():
+        if not group["foreach"] and all(p.device.type == "cpu" for p in params):  # what SGD.step runs on the CPU
+            _sgd._single_tensor_sgd(params, grads, buffers, None, None, **hyper)
+        else:
+            _sgd.sgd(params, grads, buffers, foreach=group["foreach"], fused=group["fused"], **hyper)
+    if group["momentum"] != 0:
+        for opt, first, stop in spans:
+            for p, buf in zip(params[first:stop], buffers[first:stop]):
+                opt.state[p]["momentum_buffer"] = buf
+
+
 _run_backward = getattr(torch.autograd.graph, "_engine_run_backward", None)
 
 

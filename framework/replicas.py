@@ -94,6 +94,26 @@ def forward_signature(req: ForwardRequest) -> tuple | None:
     return (st.architecture, tuple(req.x.shape), req.x.dtype, req.x.device, req.target is not None)
 
 
+def step_signature(stage) -> tuple | None:
+    """Stages with equal signatures may take their optimizer steps as one update; None: alone.
+    Plain SGD with one parameter group (what `train.optimizer=sgd` builds)."""
+    opt = stage.optimizer
+    if not stage.numerics or type(opt) is not lean_torch.SGD or len(opt.param_groups) != 1:
+        return None
+    g = opt.param_groups[0]
+    if g["differentiable"] or g["fused"] or getattr(opt, "grad_scale", None) is not None:
+        return None
+    return (stage.architecture, *(g[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach")))
+
+
+def run_steps(stages: list) -> list:
+    """The optimizer steps of `stages` (equal step signatures) as one update (lean_torch.sgd_steps)."""
+    lean_torch.sgd_steps([st.optimizer for st in stages])
+    for st in stages:
+        st.finish_step()
+    return [None] * len(stages)
+
+
 def run_forwards(reqs: list[ForwardRequest]) -> list:
     """The forwards of `reqs` (equal signatures, distinct stages) as one vmapped call; returns
     what each `Stage.forward` would have returned."""
@@ -119,9 +139,9 @@ def run_forwards(reqs: list[ForwardRequest]) -> list:
     with torch.no_grad():  # BatchNorm updated the stacked statistics in place: back to each replica,
         # through .data as BatchNorm's own update does, so a replica's graph held from an earlier
         # forward (which saved these buffers) does not see them as modified
-        for n, b in zip(buffer_names, buffers):
-            for i, st in enumerate(stages):
-                st.buffers[n].data.copy_(b[i])
+        # (one multi-tensor copy, not G copies per buffer: on a GPU each copy is a kernel launch)
+        if buffers:
+            torch._foreach_copy_([st.buffers[n].data for n in buffer_names for st in stages], [row for b in buffers for row in b.unbind(0)])
     graph = SharedGraph(params, None if first else x, y, last, x.detach(), buffers_before, pending=set(range(len(reqs))))
     results: list = []
     if last:

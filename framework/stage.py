@@ -209,6 +209,12 @@ class Stage:
     def step(self) -> None:
         if self.numerics:
             self.optimizer.step()
+        self.finish_step()
+
+    def finish_step(self) -> None:
+        """What follows the optimizer's update (also after identical replicas' batched update,
+        framework/replicas.py `run_steps`)."""
+        if self.numerics:
             self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
 

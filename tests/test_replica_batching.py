@@ -54,7 +54,7 @@ def assert_same_run(a, b, rtol):
 @pytest.mark.parametrize(
     "extra,share",
     [
-        (["scheduler=fl", "model=vgg5"], 0.6),  # whole-model replicas with BatchNorm, in lockstep (optimizer steps run alone)
+        (["scheduler=fl", "model=vgg5"], 0.9),  # whole-model replicas with BatchNorm, in lockstep
         pytest.param(["scheduler=pipar", "model=vgg5", "scheduler.P=2", "scheduler.N=2"], 0.1, marks=pytest.mark.slow),  # device replicas; the server's one processor serialises its replicas
         pytest.param(["scheduler=sfl", "model=lenet", "scheduler.P=1"], 0.0, marks=pytest.mark.slow),  # devices fall out of step waiting on the shared server
     ],
@@ -85,12 +85,16 @@ _init = deferred.DeferredCompute.__init__
 
 
 def test_random_modules_run_alone(tmp_path):
-    """HAR-CNN has dropout: a batched call would draw other random numbers, so its replicas run
-    one at a time and the run equals the unbatched one exactly."""
-    cfg = ["scheduler=fl", "model=har_cnn", "dataset=synthetic_har", "dataset.n_train=384"]
+    """HAR-CNN has dropout: a batched call would draw other random numbers, so its replicas'
+    forwards and backwards run one at a time; their optimizer steps draw none and run as one
+    update, which on the CPU is the same single-tensor arithmetic: the run equals the unbatched
+    one exactly."""
+    cfg = ["scheduler=fl", "model=har_cnn", "dataset=synthetic_har", "dataset.n_train=384", "train.momentum=0.9"]
     alone = run(tmp_path / "alone", cfg)
     batched = run(tmp_path / "batched", cfg + ["runtime.batch_replicas=true"])
-    assert batched[0].runtime.deferred.batched == 0
+    d = batched[0].runtime.deferred
+    assert d.batched_by_kind["forward"] == d.batched_by_kind["backward"] == 0
+    assert d.batched_by_kind["step"] > 0
     assert_same_run(alone, batched, rtol=0)
 
 
@@ -112,21 +116,38 @@ def test_batching_refuses_measured_time(tmp_path):
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+GPU_SCHEDULERS = ["fl", "pipar", "sfl", "gpipe", "1f1b", "pipedream", "sl"]
+
+
 @cuda
-@pytest.mark.parametrize("scheduler", ["fl", "pipar", "sfl", "gpipe", "1f1b", "pipedream", "sl"])
-def test_gpu_run_matches_the_cpu_run(tmp_path, scheduler):
-    """Time comes from the device models, not from the GPU: the same virtual time and bytes; the
-    float32 results agree within tolerance (batched replicas on the GPU, one at a time on the CPU)."""
-    cfg = [f"scheduler={scheduler}", "model=vgg5", "train.epochs=1"]
+@pytest.mark.parametrize("scheduler", GPU_SCHEDULERS)
+def test_gpu_run_equals_the_cpu_run_in_float64(tmp_path, scheduler):
+    """Time comes from the device models, not from the GPU: the same virtual time and bytes. In
+    float64 (where rounding decides no max-pool tie or ReLU sign) every weight and statistic of
+    the GPU run, batched replicas included, equals the CPU run's one at a time to 1e-8."""
+    cfg = [f"scheduler={scheduler}", "model=vgg5", "train.epochs=1", "runtime.dtype=float64"]
     on_cpu = run(tmp_path / "cpu", cfg)
     on_gpu = run(tmp_path / "gpu", cfg + ["runtime.torch_device=cuda"])
-    (_, rc, wc), (_, rg, wg) = on_cpu, on_gpu
+    assert on_gpu[0].runtime.deferred is not None  # batching is on by default on a GPU
+    assert_same_run(on_cpu, on_gpu, rtol=1e-8)
+
+
+@cuda
+@pytest.mark.parametrize("scheduler", GPU_SCHEDULERS)
+def test_gpu_run_matches_the_cpu_run_in_float32(tmp_path, scheduler):
+    """In float32, training amplifies rounding: a max-pool tie or a ReLU at zero decided the other
+    way moves a weight by a whole gradient step (measured on an H200, TF32 off, 12 steps: up to
+    1.4e-2 in one BatchNorm statistic of SL, while the CPU's float32 run was 6e-6 from float64's).
+    So: the same virtual time and bytes, the same accuracy within 5 points, and each tensor within
+    10 % of the CPU run's in norm (at most 4.4 % measured, PipeDream's first BatchNorm bias)."""
+    cfg = [f"scheduler={scheduler}", "model=vgg5", "train.epochs=1"]
+    (_, rc, wc), (_, rg, wg) = run(tmp_path / "cpu", cfg), run(tmp_path / "gpu", cfg + ["runtime.torch_device=cuda"])
     assert rc["virtual_time_s"] == rg["virtual_time_s"]
     assert {k: v for k, v in rc["metrics"].items() if k.startswith("net/")} == {k: v for k, v in rg["metrics"].items() if k.startswith("net/")}
     assert rg["metrics"]["val/acc"] == pytest.approx(rc["metrics"]["val/acc"], abs=0.05)
-    for k in wc:
-        if wc[k].is_floating_point():
-            torch.testing.assert_close(wg[k], wc[k], rtol=2e-2, atol=2e-3)
+    errors = sorted(((float((wg[k] - wc[k]).norm() / wc[k].norm().clamp_min(1e-6)), k) for k in wc if wc[k].is_floating_point()), reverse=True)
+    print(f"{scheduler}: largest relative differences {errors[:3]}")
+    assert errors[0][0] <= 0.10, errors[:3]
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["first-stage", "middle-stage"])
@@ -176,3 +197,65 @@ def test_shared_graph_backwards_equal_each_replica_alone(first):
         for b, c in zip(bat[k].module.buffers(), ref[k].module.buffers()):
             torch.testing.assert_close(b, c, rtol=1e-12, atol=1e-12)
         assert not bat[k].inflight
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["single-tensor", "foreach"])
+@pytest.mark.parametrize("momentum,nesterov", [(0.0, False), (0.9, False), (0.9, True)])
+def test_sgd_steps_equal_each_optimizer_stepping_alone(foreach, momentum, nesterov):
+    """Replicas' optimizer steps as one update (`lean_torch.sgd_steps`, what a batched `step`
+    runs): every parameter and momentum buffer bit-equal to each optimizer's own step, over two
+    steps (the buffers made, then used). The foreach path is the one torch takes on a GPU."""
+    from framework.lean_torch import SGD, sgd_steps
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(8, 3), (8,), (5, 8)]
+
+    def replicas():
+        torch.manual_seed(1)
+        out = []
+        for k in range(3):
+            ps = [torch.randn(s, generator=torch.Generator().manual_seed(10 * k + i)).requires_grad_() for i, s in enumerate(shapes)]
+            out.append((ps, SGD(ps, lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=1e-3, foreach=foreach)))
+        return out
+
+    grads = [[[torch.randn(s, generator=g) for s in shapes] for _ in range(3)] for _ in range(2)]
+    alone, together = replicas(), replicas()
+    for step in range(2):
+        for ps_opts in (alone, together):
+            for (ps, _), gs in zip(ps_opts, grads[step]):
+                for p, gr in zip(ps, gs):
+                    p.grad = gr.clone()
+        for _, opt in alone:
+            opt.step()
+        sgd_steps([opt for _, opt in together])
+        for (pa, oa), (pt, ot) in zip(alone, together):
+            for a, t in zip(pa, pt):
+                assert torch.equal(a, t)
+                if momentum:
+                    assert torch.equal(oa.state[a]["momentum_buffer"], ot.state[t]["momentum_buffer"])
+
+
+@cuda
+def test_checkpoint_file_of_gpu_tensors(tmp_path):
+    """A checkpoint fetches a GPU run's tensors to the host as one block per device; the file
+    reads back (by safetensors' own reader) as the tensors were, whatever their dtype, shape or
+    layout, beside CPU tensors."""
+    from safetensors.torch import load_file
+
+    from framework.checkpoint import save_file
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "w": torch.randn(5, 3, generator=g).cuda(),
+        "wt": torch.randn(3, 5, generator=g).cuda().t(),  # not contiguous
+        "n": torch.tensor(7, dtype=torch.int64).cuda(),  # 0-dim
+        "mask": (torch.randn(9, generator=g) > 0).cuda(),
+        "half": torch.randn(4, generator=g).half().cuda(),
+        "empty": torch.zeros(0, 2).cuda(),
+        "on_cpu": torch.randn(6, generator=g, dtype=torch.float64),
+    }
+    save_file(tensors, tmp_path / "s.safetensors")
+    back = load_file(str(tmp_path / "s.safetensors"))
+    assert back.keys() == tensors.keys()
+    for k, t in tensors.items():
+        assert back[k].dtype == t.dtype and torch.equal(back[k], t.cpu()), k

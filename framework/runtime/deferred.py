@@ -5,7 +5,10 @@ it, and its result is needed only when the role resumes, `duration` virtual seco
 then no other role can see it: roles share nothing. So `runtime.batch_replicas` makes
 `SimContext.compute` hand the call to `DeferredCompute` and sleep; the first role that needs a
 result runs every call admitted so far, in admission order, except that the forwards (and then
-the backwards) of identical replicas run together as one vmapped call (framework/replicas.py).
+the backwards) of identical replicas run together as one vmapped call, and their optimizer
+steps as one update (framework/replicas.py). A role awaits each result before it admits its
+next call, so a flush holds at most one call per role: a batch run where its first member stood
+runs no member ahead of that member's own earlier work.
 With homogeneous devices, the K devices of FL or PiPar admit their computations at the same
 virtual instant, and one call does the work of K.
 
@@ -15,6 +18,7 @@ so a run with batching on draws the same random numbers as one without.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable
 
 from framework import replicas
@@ -40,17 +44,16 @@ class DeferredCall:
         self.fn = self.args = self.kwargs = None  # free the inputs
 
 
+_OPS = {Stage.forward: "forward", Stage.backward: "backward", Stage.step: "step"}
+
+
 def _stage_op(call: DeferredCall) -> tuple[str, Stage] | None:
-    """('forward' | 'backward', stage) when `call` is a Stage's forward or backward."""
+    """('forward' | 'backward' | 'step', stage) when `call` is one of a Stage's."""
     stage = getattr(call.fn, "__self__", None)
     if not isinstance(stage, Stage):
         return None
-    func = call.fn.__func__
-    if func is Stage.forward:
-        return "forward", stage
-    if func is Stage.backward:
-        return "backward", stage
-    return None
+    kind = _OPS.get(call.fn.__func__)
+    return None if kind is None else (kind, stage)
 
 
 def _group_key(call: DeferredCall):
@@ -62,6 +65,9 @@ def _group_key(call: DeferredCall):
     if kind == "forward":
         sig = replicas.forward_signature(replicas.ForwardRequest(stage, *call.args, **call.kwargs))
         return None if sig is None else ("forward", sig)
+    if kind == "step":
+        sig = replicas.step_signature(stage)
+        return None if sig is None else ("step", sig)
     slot = stage.slot_of(call.args[0])
     return None if slot is None else ("backward", id(slot.graph))
 
@@ -70,8 +76,9 @@ class DeferredCompute:
     def __init__(self, batch: bool = True):
         self.batch = batch
         self.pending: list[DeferredCall] = []
-        self.calls = 0  # calls run, and how many of them ran inside a batched call
+        self.calls = 0  # calls run, and how many of them ran inside a batched call (by kind)
         self.batched = 0
+        self.batched_by_kind: Counter = Counter()
 
     def submit(self, fn: Callable, args: tuple, kwargs: dict) -> DeferredCall:
         call = DeferredCall(self, fn, args, kwargs)
@@ -114,6 +121,8 @@ class DeferredCompute:
         try:
             if kind == "forward":
                 out = replicas.run_forwards([replicas.ForwardRequest(c.fn.__self__, *c.args, **c.kwargs) for c in members])
+            elif kind == "step":
+                out = replicas.run_steps([c.fn.__self__ for c in members])
             else:
                 out = replicas.run_backwards([replicas.BackwardRequest(c.fn.__self__, *c.args, **c.kwargs) for c in members])
         except Exception as e:  # noqa: BLE001
@@ -123,6 +132,7 @@ class DeferredCompute:
         for c, v in zip(members, out):
             c.settle(v)
         self.batched += len(members)
+        self.batched_by_kind[kind] += len(members)
 
 
 def _distinct_stages(members: list[DeferredCall]) -> list[DeferredCall]:
