@@ -8,9 +8,13 @@ process, in up to four ways:
 - `cpu batched`: `runtime.batch_replicas=true`, identical replicas as one vmapped call;
 - `gpu` and `gpu batched`: the same with `runtime.torch_device=cuda` (only where CUDA exists).
 
-It prints wall seconds, samples per second and the ratios, and checks that every variant has the
-same virtual time (time comes from the device models, whatever runs the math). The variants
-alternate over `--repeats` rounds; medians are reported.
+It prints, per variant, the wall seconds of the epoch's training (`Job.train`: the role programs
+from building them to the epoch's checkpoint; evaluation and the written outputs, the same in
+every variant, are left out), samples per second and the ratios, and checks that every variant
+has the same virtual time (time comes from the device models, whatever runs the math). A
+`timing-only` row (`runtime.numerics=false`: the same program with no tensor math) is the
+simulator's own bookkeeping, the floor under any variant. The variants alternate over
+`--repeats` rounds; medians are reported.
 
     python experiments/bench_replicas.py                         # K = 64, fl and pipar
     python experiments/bench_replicas.py --devices 16 --schedulers fl --model lenet --dataset synthetic_mnist
@@ -37,15 +41,21 @@ from framework.job import Job  # noqa: E402
 
 
 def variants(with_gpu: bool) -> dict[str, list[str]]:
-    out = {"cpu": ["runtime.batch_replicas=false"], "cpu batched": ["runtime.batch_replicas=true"]}
+    out = {"timing-only": ["runtime.numerics=false"], "cpu": ["runtime.batch_replicas=false"], "cpu batched": ["runtime.batch_replicas=true"]}
     if with_gpu:
         out["gpu"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=false"]
         out["gpu batched"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=true"]
     return out
 
 
-def one_run(args, scheduler: str, extra: list[str]) -> tuple[float, float, int]:
-    """(wall seconds of the training, virtual seconds, samples trained)."""
+def _synced() -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def one_run(args, scheduler: str, extra: list[str]) -> tuple[float, float, int, float]:
+    """(wall seconds of the training, virtual seconds, samples trained, validation accuracy)."""
     overrides = [
         f"scheduler={scheduler}",
         f"model={args.model}",
@@ -61,60 +71,73 @@ def one_run(args, scheduler: str, extra: list[str]) -> tuple[float, float, int]:
         "runtime.progress=false",
         f"runtime.threads={args.threads}",
         *(["scheduler.P=1", "scheduler.N=1"] if scheduler == "pipar" else []),
+        *([f"cluster.devices.server.slots={args.server_slots}"] if args.server_slots else []),
         *extra,
     ]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     with tempfile.TemporaryDirectory() as d:
         job = Job(cfg, Path(d))
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        res = job.run()  # the epoch, plus evaluating 256 samples at its end and writing the outputs
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-        samples = job.scheduler.samples_per_epoch()
-        return wall, float(res["virtual_time_s"]), samples
+        train, spent = job.train, []
 
+        def timed_train(*a, **kw):
+            t0 = _synced()
+            out = train(*a, **kw)
+            spent.append(_synced() - t0)
+            return out
+
+        job.train = timed_train
+        res = job.run()
+        return spent[0], float(res["virtual_time_s"]), job.scheduler.samples_per_epoch(), float(res["metrics"].get("val/acc", float("nan")))
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", type=int, default=64)
-    ap.add_argument("--per-device", type=int, default=64, help="training samples per device (64: two iterations of batch 32)")
+    ap.add_argument("--per-device", type=int, default=256, help="training samples per device (256: eight iterations of batch 32)")
     ap.add_argument("--schedulers", default="fl,pipar")
     ap.add_argument("--model", default="vgg5")
     ap.add_argument("--dataset", default="synthetic_cifar10")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed: the default thrashes on small machines)")
     ap.add_argument("--no-gpu", action="store_true", help="skip the GPU variants even where CUDA exists")
+    ap.add_argument("--variants", default="", help="comma-separated subset of: timing-only, cpu, cpu batched, gpu, gpu batched")
+    ap.add_argument("--server-slots", type=int, default=0,
+                    help="computations the server runs at once (cluster.devices.server.slots; 0: the cluster's own, 1). "
+                         "PiPar's per-device server replicas batch only when the server runs them together")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     registry.load_plugins()
     gpu = torch.cuda.is_available() and not args.no_gpu
     ways = variants(gpu)
+    if args.variants:
+        wanted = [w.strip() for w in args.variants.split(",")]
+        unknown = [w for w in wanted if w not in ways]
+        if unknown:
+            raise SystemExit(f"--variants: unknown or unavailable {unknown}; choices here: {', '.join(ways)}")
+        ways = {w: ways[w] for w in wanted}
     print(f"K = {args.devices} devices, {args.model} on {args.dataset}, {args.per_device} samples each, one epoch; "
           f"{args.threads} CPU thread(s); GPU: {torch.cuda.get_device_name(0) if gpu else 'none'}")
     for scheduler in args.schedulers.split(","):
-        one_run(args, scheduler, ways["cpu"] if not gpu else ways["gpu batched"])  # warm-up: imports, kernels, caches
+        one_run(args, scheduler, next(iter(ways.values())) if not gpu else variants(gpu)["gpu batched"])  # warm-up: imports, kernels, caches
         walls: dict[str, list[float]] = {w: [] for w in ways}
         virtual: dict[str, float] = {}
+        acc: dict[str, float] = {}
         samples = 0
         for _ in range(args.repeats):
             for name, extra in ways.items():
-                wall, vt, samples = one_run(args, scheduler, extra)
+                wall, virtual[name], samples, acc[name] = one_run(args, scheduler, extra)
                 walls[name].append(wall)
-                virtual[name] = vt
         if len(set(virtual.values())) != 1:
             raise SystemExit(f"{scheduler}: virtual times differ between variants: {virtual}")
         med = {w: statistics.median(v) for w, v in walls.items()}
-        print(f"\n{scheduler}: {samples} samples, virtual epoch {virtual['cpu']:.3f} s (the same in every variant)")
-        print("| variant | wall s (median) | samples/s | vs cpu | vs its one-at-a-time |")
-        print("|---|---|---|---|---|")
+        print(f"\n{scheduler}: {samples} samples, virtual epoch {next(iter(virtual.values())):.3f} s (the same in every variant)")
+        print("| variant | training wall s (median) | samples/s | vs cpu | vs its one-at-a-time | val acc |")
+        print("|---|---|---|---|---|---|")
         for w, s in med.items():
             alone = w.removesuffix(" batched")
-            print(f"| {w} | {s:.2f} | {samples / s:,.0f} | {med['cpu'] / s:.2f}x | {med[alone] / s:.2f}x |")
-
+            rel = f"{med[alone] / s:.2f}x" if w != alone and alone in med else ""
+            vs_cpu = f"{med['cpu'] / s:.2f}x" if "cpu" in med else ""
+            print(f"| {w} | {s:.3f} | {samples / s:,.0f} | {vs_cpu} | {rel} | {'' if w == 'timing-only' else f'{acc[w]:.4f}'} |")
 
 if __name__ == "__main__":
     main()
