@@ -29,6 +29,7 @@ import numpy as np
 from framework.cluster import Device, Work
 from framework.config import DeviceConfig
 from framework.models import KINDS
+from framework.predictor import Predictor
 from plugins.predictors import accept_data as ad
 from plugins.predictors.accept_mlp import LatencyPredictor
 from plugins.predictors.profiled import measure
@@ -49,8 +50,9 @@ def fwd_bwd(device: Device, a: int, b: int, batch: int) -> float:
     return measure(device, Work("fwd", a, b, batch)) + measure(device, Work("bwd", a, b, batch))
 
 
-class AcceptPredictor:
+class AcceptPredictor(Predictor):
     def __init__(self, cfg, cluster):
+        super().__init__()
         self.cfg, self.cluster = cfg, cluster
         self.infos = next(iter(cluster.devices.values())).infos if cluster.devices else []
         self.L = len(self.infos)
@@ -60,6 +62,7 @@ class AcceptPredictor:
         self._mlp: dict[int, LatencyPredictor] = {}
         self._device: dict = {}  # (device, batch) -> (hardware vector, forward share)
         self._batch: int | None = None
+        self._reported: list[tuple[np.ndarray, np.ndarray, float]] = []  # D-hat: (mask, h, seconds) from a run's reports
 
     # ---- pre-training ------------------------------------------------------------------------
 
@@ -81,14 +84,10 @@ class AcceptPredictor:
             import sys
             import time
 
-            masks = np.stack([ad.mask(self.L, a, b) for a, b in self.subs])
-            pool = [pool_device(int(self.cfg.seed) * 100_003 + i, self.infos, self.cfg) for i in range(int(self.cfg.pool))]
-            times = [np.array([fwd_bwd(d, a, b, batch) for a, b in self.subs]) for d in pool]
-            hs = [np.repeat(np.array([t[self.subs.index(r)] for r in self.reps])[None], len(self.subs), 0) for t in times]
             t0 = time.perf_counter()
-            print(f"predictor=accept: pre-training on {len(pool)} simulated devices x {len(self.subs)} sub-models at batch {batch} "
+            print(f"predictor=accept: pre-training on {int(self.cfg.pool)} simulated devices x {len(self.subs)} sub-models at batch {batch} "
                   f"(once{'; cached in ' + str(path.parent) if path else ''})", file=sys.stderr, flush=True)
-            mlp.fit(np.concatenate([masks] * len(pool)), np.concatenate(hs), np.concatenate(times), epochs=int(self.cfg.epochs))
+            mlp.fit(*self.pool_data(batch), epochs=int(self.cfg.epochs))
             print(f"predictor=accept: pre-trained in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             if path is not None:
                 from safetensors.torch import save_file
@@ -97,6 +96,15 @@ class AcceptPredictor:
                 save_file(mlp.tensors(), str(path))
         self._mlp[batch] = mlp
         return mlp
+
+    def pool_data(self, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pre-training set D: (masks, hardware vectors, seconds), every sub-model of every
+        pool device (0.1 s to make: a cached predictor rebuilds it only to fine-tune)."""
+        masks = np.stack([ad.mask(self.L, a, b) for a, b in self.subs])
+        pool = [pool_device(int(self.cfg.seed) * 100_003 + i, self.infos, self.cfg) for i in range(int(self.cfg.pool))]
+        times = [np.array([fwd_bwd(d, a, b, batch) for a, b in self.subs]) for d in pool]
+        hs = [np.repeat(np.array([t[self.subs.index(r)] for r in self.reps])[None], len(self.subs), 0) for t in times]
+        return np.concatenate([masks] * len(pool)), np.concatenate(hs), np.concatenate(times)
 
     # ---- a device of the run -----------------------------------------------------------------
 
@@ -109,7 +117,25 @@ class AcceptPredictor:
             self._device[key] = (fwd + bwd, float(fwd.sum() / (fwd + bwd).sum()))
         return self._device[key]
 
-    def predict(self, device: Device, work: Work) -> float:
+    def observe(self, device: Device, start: int, stop: int, batch: int, seconds: float, now: float) -> None:
+        """AccEPT's dynamic prediction and adaptive update (notes 2.1): a report off the
+        prediction means the device's resources changed, so its hardware vector is measured again
+        (its 10 representatives, at its speed at `now`), and the report joins D-hat; from
+        `finetune_min_samples` reports on, the MLP is fine-tuned on D-hat (continual learning)."""
+        b = self._batch or batch
+        fwd = np.array([measure(device, Work("fwd", a, z, b)) for a, z in self.reps])
+        bwd = np.array([measure(device, Work("bwd", a, z, b)) for a, z in self.reps])
+        h = (fwd + bwd) * device.speed_factor(now)
+        self._device[(device.name, b)] = (h, float(fwd.sum() / (fwd + bwd).sum()))
+        self._reported.append((ad.mask(self.L, start, stop), h, seconds * (1.0 if batch == b else fwd_bwd(device, 0, self.L, b) / fwd_bwd(device, 0, self.L, batch))))
+        if len(self._reported) >= int(self.cfg.finetune_min_samples):
+            masks, hs, secs = (np.stack(col) for col in zip(*self._reported))
+            mlp = self.model(b)
+            if mlp.data is None:  # loaded from the cache: D is replayed beside D-hat
+                mlp.data = self.pool_data(b)
+            mlp.adapt(masks, hs, secs)
+
+    def estimate(self, device: Device, work: Work) -> float:
         if work.seconds is not None:
             return work.seconds
         if work.kind == "step":  # not the predictor's: the device's whole-model step, by parameters

@@ -4,31 +4,34 @@ from __future__ import annotations
 
 from framework.cluster import Device, Work
 from framework.errors import ConfigError
+from framework.predictor import Predictor
 from plugins.predictors.schemas import FlopsConfig, OracleConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
-class OraclePredictor:
+class OraclePredictor(Predictor):
     """The device's own time model (exact on the simulator; FLOPs for `measured` devices)."""
 
     def __init__(self, cfg, cluster=None):
+        super().__init__()
         self.cfg = cfg
 
-    def predict(self, device: Device, work: Work) -> float:
+    def estimate(self, device: Device, work: Work) -> float:
         if device.cfg.time_model == "measured":
-            return FlopsPredictor.estimate(device, work, device.cfg.flops_per_s)
+            return FlopsPredictor.seconds(device, work, device.cfg.flops_per_s)
         return device.time(work)
 
 
-class FlopsPredictor:
+class FlopsPredictor(Predictor):
     """FLOPs / rate: blind to per-layer-type speed, the classic planner assumption."""
 
     def __init__(self, cfg, cluster=None):
+        super().__init__()
         self.cfg = cfg
         if not 0 < cfg.flops_per_s < float("inf"):
             raise ConfigError("predictor.flops_per_s", f"must be a finite number > 0 (FLOP/s assumed for a device that declares none), got {cfg.flops_per_s}")
 
     @staticmethod
-    def estimate(device: Device, work: Work, rate: float) -> float:
+    def seconds(device: Device, work: Work, rate: float) -> float:
         if work.seconds is not None:
             return work.seconds
         units = range(work.start, work.stop)
@@ -37,5 +40,5 @@ class FlopsPredictor:
         flops = sum(device.infos[i].flops for i in units) * work.batch * work.share
         return flops * (device.cfg.backward_ratio if work.kind == "bwd" else 1.0) / rate
 
-    def predict(self, device: Device, work: Work) -> float:
-        return self.estimate(device, work, device.cfg.flops_per_s or self.cfg.flops_per_s)
+    def estimate(self, device: Device, work: Work) -> float:
+        return self.seconds(device, work, device.cfg.flops_per_s or self.cfg.flops_per_s)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from framework.cluster import Device, Work
 from framework.partition import balanced_bounds
+from framework.predictor import Predictor
 from plugins.predictors.basic import FlopsPredictor
 from plugins.predictors.schemas import CapacityConfig, LutConfig  # noqa: F401  (registry.declare)
 
 
 def measure(device: Device, work: Work) -> float:
     if device.cfg.time_model == "measured":
-        return FlopsPredictor.estimate(device, work, device.cfg.flops_per_s)
+        return FlopsPredictor.seconds(device, work, device.cfg.flops_per_s)
     return device.time(work)
 
 
@@ -32,18 +33,24 @@ def per_unit(device: Device, work: Work) -> list[float]:
     return [measure(device, Work(work.kind, j, j + 1, work.batch, share=work.share)) for j in range(work.start, work.stop)]
 
 
-class LutPredictor:
+class LutPredictor(Predictor):
     def __init__(self, cfg, cluster=None):
+        super().__init__()
         self.cfg = cfg
 
-    def predict(self, device: Device, work: Work) -> float:
+    def estimate(self, device: Device, work: Work) -> float:
         if work.seconds is not None:
             return work.seconds
         return sum(per_unit(device, work))
 
 
-class CapacityPredictor:
+class CapacityPredictor(Predictor):
+    """FTPipeHD's ratio. A re-planning run's reported times update it the way FTPipeHD does: the
+    inherited `observe` scales the device's estimates by its measured over estimated time, which is
+    the ratio re-measured on its current sub-model."""
+
     def __init__(self, cfg, cluster):
+        super().__init__()
         self.cfg, self.cluster = cfg, cluster
         self.central = cluster.device(str(cfg.central))
         self._ratio: dict = {}
@@ -68,7 +75,7 @@ class CapacityPredictor:
             self._ratio[key] = mine / theirs if theirs > 0 else 1.0
         return self._ratio[key]
 
-    def predict(self, device: Device, work: Work) -> float:
+    def estimate(self, device: Device, work: Work) -> float:
         if work.seconds is not None:
             return work.seconds
         return self.ratio(device, max(work.batch, 1)) * sum(per_unit(self.central, work))

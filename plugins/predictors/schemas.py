@@ -36,6 +36,7 @@ class AcceptConfig(PredictorConfig):
     kind_factor_range: List[float] = field(default_factory=lambda: [0.25, 6.0])  # the pool's per-layer-kind factors, log-uniform
     max_call_overhead_s: float = 2.0e-3  # the pool's per-unit call overheads, uniform from 0
     cache_dir: Optional[str] = "outputs/cache"  # trained weights per model, batch and config; null: train every run
+    finetune_min_samples: int = 8  # a re-planning run fine-tunes the MLP on the stages' reported times from this many reports on (notes: 8)
 
 
 @dataclass
