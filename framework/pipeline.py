@@ -20,6 +20,7 @@ import copy
 from torch import nn
 
 from framework import pipeline_cost
+from framework import replan
 from framework import repartition as rp
 from framework.cluster import Work
 from framework.data import split_microbatches
@@ -93,6 +94,8 @@ class PipelineScheduler(Scheduler):
         self.roles_ = [st["role"] for st in self._plan["stages"]]
         self.memory = [st["memory_bytes"] for st in self._plan["stages"]]
         self.repartitions = {int(r["epoch"]): [tuple(b) for b in r["bounds"]] for r in self._plan.get("repartition", [])}
+        self.replan_epsilon = cfg.get("replan_epsilon")
+        replan.check(self)
         self._eval = None
 
     # -- hooks for subclasses -----------------------------------------------------------------
@@ -121,10 +124,7 @@ class PipelineScheduler(Scheduler):
         devices = cluster_devices[:num_stages]
         dev_objs = [ctx.cluster.device(d) for d in devices]
         link_cost = self.boundary_seconds(devices)
-        if self.cfg.partition == "search":
-            bounds = self.searched_bounds(devices)
-        else:
-            bounds = partition(self.cfg.partition, dev_objs, len(ctx.model), ctx.model.name, ctx.predictor, self.mb_size, link_cost)
+        bounds = self.plan_bounds(devices)
         memory = [self.memory_estimate(s, bounds) for s in range(num_stages)]
         self.check_memory(devices, bounds, memory)
         later = []
@@ -158,6 +158,23 @@ class PipelineScheduler(Scheduler):
 
     def plan(self) -> dict:
         return self._plan
+
+    def plan_bounds(self, devices: list[str]) -> list[tuple[int, int]]:
+        """The partitioner's cuts over `devices`, with the predictor as it stands (also when a
+        run re-plans, framework/replan.py)."""
+        if self.cfg.partition == "search":
+            return self.searched_bounds(devices)
+        ctx = self.ctx
+        dev_objs = [ctx.cluster.device(d) for d in devices]
+        return partition(self.cfg.partition, dev_objs, len(ctx.model), ctx.model.name, ctx.predictor, self.mb_size, self.boundary_seconds(devices))
+
+    def report(self, total: float, timeline, role_stats: dict[str, dict], dropouts: list[dict]) -> dict:
+        out = super().report(total, timeline, role_stats, dropouts)
+        if self.replan_epsilon is not None:  # stage 0's decisions, with the plans they chose
+            events = [e for st in role_stats.values() for e in st.get("replans", [])]
+            out["summary"]["replans"] = events
+            out["metrics"]["pipe/replans"] = len(events)
+        return out
 
     # -- what a plan costs (framework.pipeline_cost) -------------------------------------------
 
@@ -235,6 +252,8 @@ class StageRole(Role):
         self.peak_inflight = 0
         self.staleness: list[int] = []
         self.it_global = 0  # mini-batches this stage has run, over all epochs
+        self.busy_s, self.batches = 0.0, 0  # this epoch's forward + backward seconds and mini-batches (re-planning's report)
+        self.replans: list[dict] = []  # stage 0's re-planning decisions (framework/replan.py)
 
     def _new_stage(self, a: int, b: int) -> Stage:
         ctx = self.sched.ctx
@@ -249,7 +268,7 @@ class StageRole(Role):
         rp.unpack_units(self.sched.ctx.model, state, True)
 
     def stats(self) -> dict:
-        return {"peak_inflight": max(self.peak_inflight, self.stage.peak_inflight), "staleness": self.staleness + self.stage.staleness}
+        return {"peak_inflight": max(self.peak_inflight, self.stage.peak_inflight), "staleness": self.staleness + self.stage.staleness, "replans": self.replans}
 
     def checkpoint(self, bag, prefix: str) -> dict:
         return {"stage": self.stage.checkpoint(bag, f"{prefix}.stage"), "bounds": [list(b) for b in self.bounds], "it_global": self.it_global, "peak_inflight": self.peak_inflight, "staleness": self.staleness}
@@ -303,14 +322,18 @@ class StageRole(Role):
                 if a.op == "F":
                     inp = x if prev is None else await ctx.recv(prev, "act")
                     sizes[a.mb] = inp.shape[0]
+                    c0 = ctx.compute_s
                     out = await ctx.compute(stage.fwd_work(sizes[a.mb]), stage.forward, inp, a.mb, y, scale, iteration=it, microbatch=a.mb, group=group)
+                    self.busy_s += ctx.compute_s - c0
                     if nxt is not None:
                         ctx.send(nxt, "act", out, iteration=it, microbatch=a.mb)
                     elif numerics:
                         ctx.report_train(*out)
                 elif a.op == "B":
                     g = None if nxt is None else await ctx.recv(nxt, "grad")
+                    c0 = ctx.compute_s
                     gin = await ctx.compute(stage.bwd_work(sizes[a.mb]), stage.backward, a.mb, g, iteration=it, microbatch=a.mb, group=group)
+                    self.busy_s += ctx.compute_s - c0
                     last_it = it
                     if prev is not None:
                         ctx.send(prev, "grad", gin, iteration=it, microbatch=a.mb)
@@ -335,10 +358,15 @@ class StageRole(Role):
                     if s == 0:
                         ctx.iteration_done(epoch, it, x.shape[0])
                     self.it_global += 1
+                    self.batches += 1
             else:
                 items = []
                 for x, y in batches:
                     items.append((x if prev is None else None, y if nxt is None else None, self.it_global, 1.0 / x.shape[0]))
                     self.it_global += 1
                 await run_flush(items, epoch, epoch, items[0][2] if items else self.it_global)
+                self.batches += len(items)
+            if sched.replan_epsilon is not None and epoch + 1 < cfg.train.epochs:
+                await replan.exchange(self, ctx, epoch)
+            self.busy_s, self.batches = 0.0, 0
             await ctx.end_epoch(epoch)

@@ -120,6 +120,8 @@ BAD_INPUTS = [
     (["scheduler.partition=[1,2]"], ["scheduler.partition", "2 cut indices", "give 1"]),
     (["scheduler.partition=uneven"], ["scheduler.partition", "'uneven'", "even, or a list of cut indices"]),
     (["scheduler.repartition=[[0,[2]]]"], ["scheduler.repartition[0]", "[epoch >= 1, cuts]"]),
+    (["scheduler.replan_epsilon=-0.1"], ["scheduler.replan_epsilon", "must be > 0"]),
+    (["scheduler.replan_epsilon=0.15", "scheduler.partition=[2]"], ["scheduler.replan_epsilon", "fixes the cuts", "dp, even, search"]),
     (["scheduler.P=2"], ["scheduler.P", "scheduler=gpipe has no key P", "scheduler=fl, pipar, sfl, sl have it"]),
     # ---- scheduler: PiPar, FL, SFL, SL ----
     ([*PIPAR, "scheduler.shard=dirichlet", "scheduler.dirichlet_alpha=-1"], ["scheduler.dirichlet_alpha", "> 0", "-1"]),

@@ -47,6 +47,7 @@ def check_retries(reliable: bool, retries: int) -> None:
 class RoleContext(ABC):
     role: str
     device_name: str
+    compute_s: float = 0.0  # seconds this role's computations took (not their wait for the device), summed; what a worker would time around its calls
 
     @abstractmethod
     def now(self) -> float:

@@ -86,6 +86,7 @@ class LocalContext(RoleContext):
             extra = self.device.duration(work, start, wall) - wall
             if extra > 0:
                 await asyncio.sleep(extra)
+        self.compute_s += self.now() - start
         self.timeline.append(["c", self.role, work.kind, start, self.now(), iteration, microbatch, group])
         return result
 

@@ -113,6 +113,7 @@ class SimContext(RoleContext):
                 result = fn(*args, **kwargs) if fn is not None else None
                 duration = self.device.duration(work, start, time.perf_counter() - t0)
             self.waiting_on = ("compute", work.kind)
+            self.compute_s += duration
             if duration > 0:
                 await rt.loop.sleep(duration)
             rt.timeline.compute(self.role, work.kind, start, start + duration, iteration, microbatch, group)
