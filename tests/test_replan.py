@@ -90,7 +90,8 @@ def test_bad_replanning_configs_fail_before_running(tmp_path, bad, msg):
 
 
 @pytest.mark.slow  # three role processes over a real mosquitto
-def test_replanning_on_real_processes_decides_as_the_simulator(tmp_path):
+@pytest.mark.parametrize("predictor", [["predictor=oracle"], ["predictor=accept", "predictor.pool=8", "predictor.epochs=30", "predictor.cache_dir=CACHE"]], ids=["oracle", "accept"])
+def test_replanning_on_real_processes_decides_as_the_simulator(tmp_path, predictor):
     """runtime=local: each stage times its own (emulated) calls on the wall clock, stage 0 decides
     from those reports, and the units move over MQTT: the same new cuts as the simulator's and
     the same float64 weights. (An emulated call lasts the longer of its modelled time and the
@@ -99,10 +100,12 @@ def test_replanning_on_real_processes_decides_as_the_simulator(tmp_path):
     if shutil.which("mosquitto") is None:
         pytest.skip("mosquitto not installed (bash setup.sh)")
     base = ["experiment=accept", "tracking=none", "runtime.progress=false", "train.epochs=2", "train.iterations_per_epoch=3", "train.batch_size=16",
-            "dataset.n_val=32", "dataset.n_test=32", "runtime.dtype=float64", "predictor=oracle", "compressor=none", "cluster.link.bandwidth_bps=4e6",
+            "dataset.n_val=32", "dataset.n_test=32", "runtime.dtype=float64", *predictor, "compressor=none",
+            "cluster.link.bandwidth_bps=4e6",
             "scheduler.replan_epsilon=0.15", SLOW_DEV1,
             # devices slow enough that the modelled times, not this host's, set the emulated calls' lengths
             "cluster.device.flops_per_s=2.5e8", "cluster.devices.dev0.flops_per_s=5e8"]
+    base = [o.replace("CACHE", str(tmp_path / "cache")) for o in base]  # the accept predictor trains once, in the simulator's run
     out = {}
     for rt, extra in (("sim", []), ("local", ["runtime=local", "transport=mqtt", "runtime.emulate_compute=true"])):
         job = Job(compose_cfg(base + extra), tmp_path / rt)
