@@ -271,7 +271,8 @@ class StageRole(Role):
         return {"peak_inflight": max(self.peak_inflight, self.stage.peak_inflight), "staleness": self.staleness + self.stage.staleness, "replans": self.replans}
 
     def checkpoint(self, bag, prefix: str) -> dict:
-        return {"stage": self.stage.checkpoint(bag, f"{prefix}.stage"), "bounds": [list(b) for b in self.bounds], "it_global": self.it_global, "peak_inflight": self.peak_inflight, "staleness": self.staleness}
+        return {"stage": self.stage.checkpoint(bag, f"{prefix}.stage"), "bounds": [list(b) for b in self.bounds], "it_global": self.it_global, "peak_inflight": self.peak_inflight, "staleness": self.staleness,
+                "replans": self.replans}
 
     def restore(self, bag, desc: dict) -> None:
         bounds = [tuple(b) for b in desc["bounds"]]
@@ -280,6 +281,9 @@ class StageRole(Role):
             self.stage = self._new_stage(*bounds[self.s])
         self.stage.restore(bag, desc["stage"])
         self.it_global, self.peak_inflight, self.staleness = int(desc["it_global"]), int(desc["peak_inflight"]), list(desc["staleness"])
+        self.replans = list(desc.get("replans", []))
+        if self.s == 0:  # the central node's predictor: what the reports had taught it
+            replan.restore(self.sched, self.replans)
 
     async def repartition(self, ctx, new_bounds, epoch: int) -> None:
         """Hand the units this stage loses to their new stages and take the ones it gains."""

@@ -55,19 +55,30 @@ def decide(sched, bounds: list[tuple[int, int]], measured: list[float], now: flo
     off = drifted(predicted, measured, float(sched.cfg.replan_epsilon))
     if not off:
         return bounds, None
-    for s in off:
-        a, b = bounds[s]
-        predictor.observe(devices[s], a, b, sched.mb_size, measured[s] / M, now)
+    event = {"epoch": epoch, "time_s": now, "drifted": [sched.roles_[s] for s in off], "measured_bounds": [list(b) for b in bounds], "measured_s": measured}
+    _observe(sched, event)
     new = sched.plan_bounds(sched.devices)
     return new, {
-        "epoch": epoch,
-        "time_s": now,
-        "drifted": [sched.roles_[s] for s in off],
-        "measured_s": measured,
+        **event,
         "predicted_s": predicted,
         "bounds": [list(b) for b in new],
         "predicted_epoch_s": sched.predicted_epoch_s(sched.devices, new),
     }
+
+
+def _observe(sched, event: dict) -> None:
+    """Tell the predictor what the stages called off in `event` measured."""
+    M = sched.microbatches if sched.flush_per == "iteration" else 1
+    for role in event["drifted"]:
+        s = sched.roles_.index(role)
+        a, b = event["measured_bounds"][s]
+        sched.ctx.predictor.observe(sched.ctx.cluster.device(sched.devices[s]), a, b, sched.mb_size, event["measured_s"][s] / M, event["time_s"])
+
+
+def restore(sched, events: list[dict]) -> None:
+    """A resumed run's predictor learns again what the checkpointed decisions had taught it."""
+    for event in events:
+        _observe(sched, event)
 
 
 async def exchange(role, ctx, epoch: int) -> None:
