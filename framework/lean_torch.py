@@ -60,17 +60,8 @@ class SGD(torch.optim.SGD):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        with torch.no_grad():
-            for group in groups:
-                params: list[torch.Tensor] = []
-                grads: list[torch.Tensor] = []
-                buffers: list[torch.Tensor | None] = []
-                sparse = self._init_group(group, params, grads, buffers)
-                _sgd._single_tensor_sgd(params, grads, buffers, None, None, weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"],
-                                        dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"], has_sparse_grad=sparse)
-                if group["momentum"] != 0:
-                    for p, buf in zip(params, buffers):
-                        self.state[p]["momentum_buffer"] = buf
+        for group in groups:
+            _update([(self, group)])
         return loss
 
 
@@ -80,20 +71,27 @@ def sgd_steps(optimizers: list[SGD]) -> None:
     optimizer. Each must have one parameter group and all the same hyper-parameters; torch's
     update is elementwise, and the single-tensor or foreach path it picks for one it picks for all
     of them (same devices), so every parameter and momentum buffer ends as its own step leaves it."""
-    group = optimizers[0].param_groups[0]
+    _update([(opt, opt.param_groups[0]) for opt in optimizers])
+
+
+def _update(pairs: list[tuple[SGD, dict]]) -> None:
+    """torch's SGD update of every (optimizer, parameter group) in `pairs`, all of the first's
+    hyper-parameters, as one call: the single-tensor update on the CPU (what torch.optim.SGD picks
+    there), torch's own choice elsewhere; each momentum buffer goes back to its optimizer."""
+    group = pairs[0][1]
     params: list[torch.Tensor] = []
     grads: list[torch.Tensor] = []
     buffers: list[torch.Tensor | None] = []
     spans = []
     sparse = False
-    for opt in optimizers:
+    for opt, g in pairs:
         first = len(params)
-        sparse |= opt._init_group(opt.param_groups[0], params, grads, buffers)
+        sparse |= opt._init_group(g, params, grads, buffers)
         spans.append((opt, first, len(params)))
     hyper = dict(weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"], dampening=group["dampening"],
                  nesterov=group["nesterov"], maximize=group["maximize"], has_sparse_grad=sparse)
     with torch.no_grad():
-        if not group["foreach"] and all(p.device.type == "cpu" for p in params):  # what SGD.step runs on the CPU
+        if not group["foreach"] and all(p.device.type == "cpu" for p in params):
             _sgd._single_tensor_sgd(params, grads, buffers, None, None, **hyper)
         else:
             _sgd.sgd(params, grads, buffers, foreach=group["foreach"], fused=group["fused"], **hyper)

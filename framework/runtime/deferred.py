@@ -77,8 +77,11 @@ class DeferredCompute:
         self.batch = batch
         self.pending: list[DeferredCall] = []
         self.calls = 0  # calls run, and how many of them ran inside a batched call (by kind)
-        self.batched = 0
         self.batched_by_kind: Counter = Counter()
+
+    @property
+    def batched(self) -> int:
+        return sum(self.batched_by_kind.values())
 
     def submit(self, fn: Callable, args: tuple, kwargs: dict) -> DeferredCall:
         call = DeferredCall(self, fn, args, kwargs)
@@ -131,7 +134,6 @@ class DeferredCompute:
             return
         for c, v in zip(members, out):
             c.settle(v)
-        self.batched += len(members)
         self.batched_by_kind[kind] += len(members)
 
 
