@@ -20,6 +20,7 @@ device's); a stage whose prediction was 0 is never called off (nothing to compar
 from __future__ import annotations
 
 from framework.errors import ConfigError
+from framework.partition import bounds_from_cuts
 from framework.predictor import Predictor
 
 
@@ -43,15 +44,16 @@ def drifted(predicted: list[float], measured: list[float], eps: float) -> list[i
     return [s for s, (p, m) in enumerate(zip(predicted, measured)) if p > 0 and abs(m - p) / p > eps]
 
 
+def _calls_per_batch(sched) -> int:
+    """Forward + backward calls a stage makes per mini-batch (its micro-batches; one where the
+    mini-batch is the unit of pipelining)."""
+    return sched.microbatches if sched.flush_per == "iteration" else 1
+
+
 def decide(sched, bounds: list[tuple[int, int]], measured: list[float], now: float, epoch: int) -> tuple[list[tuple[int, int]], dict | None]:
     """The central node's decision: (the bounds for the next epoch, what happened or None)."""
-    predictor, devices = sched.ctx.predictor, [sched.ctx.cluster.device(d) for d in sched.devices]
-    M = sched.microbatches if sched.flush_per == "iteration" else 1
-
-    def per_batch(s, a, b):
-        return M * predictor.fwd_bwd(devices[s], a, b, sched.mb_size)
-
-    predicted = [per_batch(s, a, b) for s, (a, b) in enumerate(bounds)]
+    predictor, devices, M = sched.ctx.predictor, [sched.ctx.cluster.device(d) for d in sched.devices], _calls_per_batch(sched)
+    predicted = [M * predictor.fwd_bwd(devices[s], a, b, sched.mb_size) for s, (a, b) in enumerate(bounds)]
     off = drifted(predicted, measured, float(sched.cfg.replan_epsilon))
     if not off:
         return bounds, None
@@ -68,7 +70,7 @@ def decide(sched, bounds: list[tuple[int, int]], measured: list[float], now: flo
 
 def _observe(sched, event: dict) -> None:
     """Tell the predictor what the stages called off in `event` measured."""
-    M = sched.microbatches if sched.flush_per == "iteration" else 1
+    M = _calls_per_batch(sched)
     for role in event["drifted"]:
         s = sched.roles_.index(role)
         a, b = event["measured_bounds"][s]
@@ -100,7 +102,6 @@ async def exchange(role, ctx, epoch: int) -> None:
         cuts = [b for _, b in new[:-1]]
         for t in range(1, S):
             ctx.send(sched.roles_[t], "plan", torch.tensor(cuts, dtype=torch.int64), iteration=epoch)
-    edges = [0, *cuts, role.bounds[-1][1]]
-    new_bounds = [(edges[i], edges[i + 1]) for i in range(S)]
+    new_bounds = bounds_from_cuts(cuts, S, role.bounds[-1][1])
     if new_bounds != list(role.bounds):
         await role.repartition(ctx, new_bounds, epoch + 1)
