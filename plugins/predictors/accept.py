@@ -112,10 +112,18 @@ class AcceptPredictor(Predictor):
         """(h, forward share): the device's measured times of the 10 representatives."""
         key = (device.name, batch)
         if key not in self._device:
-            fwd = np.array([measure(device, Work("fwd", a, b, batch)) for a, b in self.reps])
-            bwd = np.array([measure(device, Work("bwd", a, b, batch)) for a, b in self.reps])
-            self._device[key] = (fwd + bwd, float(fwd.sum() / (fwd + bwd).sum()))
+            self._device[key] = self._measure_representatives(device, batch)
         return self._device[key]
+
+    def _measure_representatives(self, device: Device, batch: int, speed: float = 1.0) -> tuple[np.ndarray, float]:
+        """(h, forward share) measured on `device` now, running `speed` times slower than its model."""
+        fwd = np.array([measure(device, Work("fwd", a, b, batch)) for a, b in self.reps])
+        bwd = np.array([measure(device, Work("bwd", a, b, batch)) for a, b in self.reps])
+        return (fwd + bwd) * speed, float(fwd.sum() / (fwd + bwd).sum())
+
+    def _batch_ratio(self, device: Device, to: int, frm: int) -> float:
+        """How the device's whole model scales from batch `frm` to batch `to`."""
+        return 1.0 if to == frm else fwd_bwd(device, 0, self.L, to) / fwd_bwd(device, 0, self.L, frm)
 
     def observe(self, device: Device, start: int, stop: int, batch: int, seconds: float, now: float) -> None:
         """AccEPT's dynamic prediction and adaptive update (notes 2.1): a report off the
@@ -123,11 +131,8 @@ class AcceptPredictor(Predictor):
         (its 10 representatives, at its speed at `now`), and the report joins D-hat; from
         `finetune_min_samples` reports on, the MLP is fine-tuned on D-hat (continual learning)."""
         b = self._batch or batch
-        fwd = np.array([measure(device, Work("fwd", a, z, b)) for a, z in self.reps])
-        bwd = np.array([measure(device, Work("bwd", a, z, b)) for a, z in self.reps])
-        h = (fwd + bwd) * device.speed_factor(now)
-        self._device[(device.name, b)] = (h, float(fwd.sum() / (fwd + bwd).sum()))
-        self._reported.append((ad.mask(self.L, start, stop), h, seconds * (1.0 if batch == b else fwd_bwd(device, 0, self.L, b) / fwd_bwd(device, 0, self.L, batch))))
+        h, _ = self._device[(device.name, b)] = self._measure_representatives(device, b, device.speed_factor(now))
+        self._reported.append((ad.mask(self.L, start, stop), h, seconds * self._batch_ratio(device, b, batch)))
         if len(self._reported) >= int(self.cfg.finetune_min_samples):
             masks, hs, secs = (np.stack(col) for col in zip(*self._reported))
             mlp = self.model(b)
@@ -148,6 +153,5 @@ class AcceptPredictor(Predictor):
         h, fwd_share = self.hardware(device, self._batch)
         t = float(self.model(self._batch).predict(ad.mask(self.L, work.start, work.stop)[None], h[None])[0])
         t *= work.share * (fwd_share if work.kind == "fwd" else 1.0 - fwd_share)
-        if batch != self._batch:  # another batch (an epoch's short last one): as the device's whole model scales
-            t *= fwd_bwd(device, 0, self.L, batch) / fwd_bwd(device, 0, self.L, self._batch)
+        t *= self._batch_ratio(device, batch, self._batch)  # another batch (an epoch's short last one): as the whole model scales
         return t
