@@ -32,7 +32,7 @@ from framework.models import KINDS
 from framework.predictor import Predictor
 from plugins.predictors import accept_data as ad
 from plugins.predictors.accept_mlp import LatencyPredictor
-from plugins.predictors.profiled import measure
+from plugins.predictors.basic import measure
 from plugins.predictors.schemas import AcceptConfig  # noqa: F401  (registry.declare)
 
 

@@ -8,6 +8,14 @@ from framework.predictor import Predictor
 from plugins.predictors.schemas import FlopsConfig, OracleConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
+def measure(device: Device, work: Work) -> float:
+    """`work` "measured" on `device` on the simulator: its time model (a `measured` device, with no
+    model before it runs, is priced by FLOPs)."""
+    if device.cfg.time_model == "measured":
+        return FlopsPredictor.seconds(device, work, device.cfg.flops_per_s)
+    return device.time(work)
+
+
 class OraclePredictor(Predictor):
     """The device's own time model (exact on the simulator; FLOPs for `measured` devices)."""
 
@@ -16,9 +24,7 @@ class OraclePredictor(Predictor):
         self.cfg = cfg
 
     def estimate(self, device: Device, work: Work) -> float:
-        if device.cfg.time_model == "measured":
-            return FlopsPredictor.seconds(device, work, device.cfg.flops_per_s)
-        return device.time(work)
+        return measure(device, work)
 
 
 class FlopsPredictor(Predictor):

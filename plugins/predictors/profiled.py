@@ -19,14 +19,8 @@ from __future__ import annotations
 from framework.cluster import Device, Work
 from framework.partition import balanced_bounds
 from framework.predictor import Predictor
-from plugins.predictors.basic import FlopsPredictor
+from plugins.predictors.basic import measure
 from plugins.predictors.schemas import CapacityConfig, LutConfig  # noqa: F401  (registry.declare)
-
-
-def measure(device: Device, work: Work) -> float:
-    if device.cfg.time_model == "measured":
-        return FlopsPredictor.seconds(device, work, device.cfg.flops_per_s)
-    return device.time(work)
 
 
 def per_unit(device: Device, work: Work) -> list[float]:
