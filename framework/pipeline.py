@@ -50,10 +50,18 @@ def B(m: int) -> Action:
 STEP = Action("STEP")
 
 
-def one_f_one_b(stage: int, num_stages: int, num_mb: int, *, step_after_backward: bool = False) -> list[Action]:
+def one_f_one_b(stage: int, num_stages: int, num_mb: int, *, step_after_backward: bool = False, in_flight: int | None = None) -> list[Action]:
     """PipeDream's 1F1B order: warm-up forwards, alternate one forward and one backward,
-    then drain the backwards. Stage s holds at most S - s micro-batches of activations."""
-    warmup = min(num_stages - stage - 1, num_mb)
+    then drain the backwards. Stage s holds at most S - s micro-batches of activations.
+
+    `in_flight` D (default S): stage 0 admits D micro-batches before its first backward, and
+    stage s warms up with ceil((D - 1)(S - 1 - s) / (S - 1)) forwards, so the warm-ups fall
+    from D - 1 to 0 across the stages (never rising: a stage's backward would then wait on
+    forwards its upstream holds back). D = 2S - 1 counts each link as a stage of its own, as
+    PipeDream's planner treats communication: the round trip of S computations and 2(S - 1)
+    transfers then stays full."""
+    depth = num_stages if in_flight is None else in_flight
+    warmup = min(-(-(depth - 1) * (num_stages - 1 - stage) // max(num_stages - 1, 1)), num_mb)
     acts = [F(m) for m in range(warmup)]
     b = 0
     for m in range(warmup, num_mb):

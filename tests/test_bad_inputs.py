@@ -122,6 +122,7 @@ BAD_INPUTS = [
     (["scheduler.repartition=[[0,[2]]]"], ["scheduler.repartition[0]", "[epoch >= 1, cuts]"]),
     (["scheduler.replan_epsilon=-0.1"], ["scheduler.replan_epsilon", "must be > 0"]),
     (["scheduler.replan_epsilon=0.15", "scheduler.partition=[2]"], ["scheduler.replan_epsilon", "fixes the cuts", "dp, even, search"]),
+    (["scheduler=pipedream", "scheduler.in_flight=0"], ["scheduler.in_flight", "at least 1", "got 0"]),
     (["scheduler.P=2"], ["scheduler.P", "scheduler=gpipe has no key P", "scheduler=fl, pipar, sfl, sl have it"]),
     # ---- scheduler: PiPar, FL, SFL, SL ----
     ([*PIPAR, "scheduler.shard=dirichlet", "scheduler.dirichlet_alpha=-1"], ["scheduler.dirichlet_alpha", "> 0", "-1"]),

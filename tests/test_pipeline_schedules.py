@@ -40,6 +40,34 @@ def test_one_f_one_b_program_reads_like_the_literature():
     assert one_f_one_b(1, 2, 3, step_after_backward=True) == [F(0), B(0), STEP, F(1), B(1), STEP, F(2), B(2), STEP]
 
 
+def test_a_deeper_pipeline_warms_up_more_upstream_and_never_rises():
+    def warmup(s, S, D):
+        acts = one_f_one_b(s, S, 20, in_flight=D)
+        return acts.index(B(0)) - 1  # F(warm-up) comes just before B(0)
+    assert [warmup(s, 4, None) for s in range(4)] == [3, 2, 1, 0]  # the default: one per stage
+    assert [warmup(s, 4, 4) for s in range(4)] == [3, 2, 1, 0]
+    assert [warmup(s, 4, 7) for s in range(4)] == [6, 4, 2, 0]  # 2S-1: links count as stages
+    assert [warmup(s, 3, 4) for s in range(3)] == [3, 2, 0]  # ceil((D-1)(S-1-s)/(S-1))
+    assert [warmup(s, 3, 1) for s in range(3)] == [0, 0, 0]  # one at a time
+    for S, D in [(3, 5), (4, 6), (5, 2)]:
+        acts = one_f_one_b(0, S, 8, in_flight=D)
+        assert sorted(a.mb for a in acts if a.op == "F") == list(range(8)) == sorted(a.mb for a in acts if a.op == "B")
+
+
+def test_pipedream_in_flight_sets_staleness_and_fills_a_link_bound_pipeline(tmp_path):
+    """With transfers as long as a stage's compute, S in flight leave the pipeline waiting on the
+    round trip; 2S-1 (each link a stage) keeps it full: a shorter epoch, and stage s backpropagates
+    through weights as old as its warm-up is long."""
+    common = UNIFORM_MLP + ["scheduler=pipedream", "scheduler.microbatches=1", "cluster.num_devices=3", "train.iterations_per_epoch=16", "dataset.n_train=1024",
+                            "cluster.link.bandwidth_bps=1e6", "cluster.device.flops_per_s=1e7"]
+    base, s_base = run_job(tmp_path / "s", common)
+    deep, s_deep = run_job(tmp_path / "d", common + ["scheduler.in_flight=5"])
+    assert [deep.runtime.roles[f"stage{s}"].stats()["staleness"][-1] for s in range(3)] == [4, 2, 0]
+    assert [base.runtime.roles[f"stage{s}"].stats()["staleness"][-1] for s in range(3)] == [2, 1, 0]
+    assert s_deep["virtual_time_s"] < 0.9 * s_base["virtual_time_s"]
+    assert s_deep["virtual_time_s"] == pytest.approx(deep.scheduler.plan()["predicted_epoch_s"], rel=0.02)
+
+
 # timing-only runs for every (S, M); runs with real tensor math at M in {1, 8} (same timing)
 @pytest.mark.parametrize("M,numerics", [(1, False), (4, False), (8, False), (1, True), (8, True)])
 @pytest.mark.parametrize("scheduler", ["gpipe", "1f1b"])

@@ -44,8 +44,10 @@ class PipeDream(PipelineScheduler):
     """PipeDream: asynchronous 1F1B over whole mini-batches with weight stashing (Narayanan et al. 2019).
 
     As FTPipeHD and AccEPT use it: stage s updates after each backward, and backpropagates
-    through the weights its forward used (stashed), S-1-s updates old. The pipeline drains at
-    each epoch end so that evaluation sees one consistent model."""
+    through the weights its forward used (stashed), as many updates old as its warm-up has
+    forwards: S-1-s with `in_flight` S (the default; FTPipeHD's semaphore of N), more with a
+    deeper pipeline (framework.pipeline.one_f_one_b). The pipeline drains at each epoch end so
+    that evaluation sees one consistent model."""
 
     flush_per = "epoch"
     stash = True
@@ -53,7 +55,9 @@ class PipeDream(PipelineScheduler):
     def num_microbatches(self) -> int:
         if int(self.cfg.microbatches) != 1:
             raise ConfigError("scheduler.microbatches", f"pipedream pipelines whole mini-batches, one per stage; got {self.cfg.microbatches}, use 1")
+        if self.cfg.in_flight is not None and int(self.cfg.in_flight) < 1:
+            raise ConfigError("scheduler.in_flight", f"mini-batches in flight must be at least 1 (null: one per stage), got {self.cfg.in_flight}")
         return 1
 
     def actions(self, stage, num_stages, num_mb):
-        return one_f_one_b(stage, num_stages, num_mb, step_after_backward=True)
+        return one_f_one_b(stage, num_stages, num_mb, step_after_backward=True, in_flight=self.cfg.in_flight)

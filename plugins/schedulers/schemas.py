@@ -29,6 +29,9 @@ class OneFOneBConfig(PipelineConfig):
 @dataclass
 class PipeDreamConfig(PipelineConfig):
     name: str = "pipedream"
+    # mini-batches stage 0 admits before its first backward; null: one per stage (FTPipeHD's
+    # semaphore). 2S-1 also counts each link as a stage (PipeDream's planner): see one_f_one_b
+    in_flight: Optional[int] = None
 
 
 @dataclass
