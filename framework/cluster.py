@@ -24,9 +24,9 @@ size, or a fixed number of seconds) into seconds, by one of three time models:
 Links
 -----
 A directed link has a bandwidth (bit/s, `inf` = instantaneous), a one-way latency, a loss
-probability and an optional piecewise-constant bandwidth trace. Transfers on one channel are
-FIFO: a message starts when the channel is free, occupies it for size/bandwidth, and arrives
-`latency` later. Every link has its own channel (full duplex), unless the cluster is a
+probability, an optional wake-up time and an optional piecewise-constant bandwidth trace.
+Transfers on one channel are FIFO: a message starts when the channel is free, occupies it for
+wake-up + size/bandwidth, and arrives `latency` later. Every link has its own channel (full duplex), unless the cluster is a
 `shared_medium`, where all links share one (a WLAN hotspot: one transfer at a time). A lost
 message of a reliable send is retransmitted after `retransmit_timeout_s` (head-of-line
 blocking, as TCP); an unreliable send just never arrives, unless it asks for `retries`: then the
@@ -180,6 +180,8 @@ def check_link(cfg: LinkConfig, where: str) -> None:
         raise ConfigError(f"{where}.bandwidth_bps", f"must be > 0 bit/s (or .inf), got {cfg.bandwidth_bps}")
     if cfg.latency_s < 0:
         raise ConfigError(f"{where}.latency_s", f"must be >= 0, got {cfg.latency_s}")
+    if cfg.wakeup_s < 0:
+        raise ConfigError(f"{where}.wakeup_s", f"must be >= 0, got {cfg.wakeup_s}")
     if not 0.0 <= cfg.loss < 1.0:
         raise ConfigError(f"{where}.loss", f"must be in [0, 1), got {cfg.loss}")
 
@@ -217,11 +219,16 @@ class Link:
         return bw
 
     def tx_time(self, nbytes: int, start: float) -> float:
-        """Seconds to push `nbytes` onto the link starting at `start` (integrates the trace)."""
+        """Seconds the channel is busy pushing `nbytes` onto the link from `start`: the wake-up,
+        then the bytes (integrating the trace)."""
         bits = 8.0 * nbytes
+        wake = self.cfg.wakeup_s
         if not self.trace:
             bw = self.cfg.bandwidth_bps
-            return 0.0 if math.isinf(bw) else bits / bw
+            return wake + (0.0 if math.isinf(bw) else bits / bw)
+        return wake + self._push_time(bits, start + wake)
+
+    def _push_time(self, bits: float, start: float) -> float:
         t = start
         changes = [t0 for t0, _ in self.trace if t0 > start]
         while True:

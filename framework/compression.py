@@ -132,6 +132,13 @@ class Compressor:
             if d.codec is not None:
                 type(d.codec).prepare()
 
+    def codec(self, tag: str):
+        """The codec that codes `tag` (None where it travels raw): a role that quantizes on its
+        own (AdaLearner's group owner re-quantizing the aggregate once for every worker) uses
+        the run's codec and its options."""
+        d = self.directions.get(tag)
+        return None if d is None else d.codec
+
     def stream(self, src: str, dst: str, tag: str) -> dict:
         s = self._streams[(src, dst, tag)]
         if "seed" not in s:
@@ -151,10 +158,12 @@ class Compressor:
                 d.raw_bytes += raw_size
                 d.wire_bytes += raw_size
             return data, raw_size, raw_size
-        stream = self.stream(src, dst, tag)
         out = {}
         missing_payload = 0
         for name, t in tensors.items():
+            # one stream per tensor of the message: a codec's state (a residual, a scale) is per
+            # tensor; a lone tensor ("x") keeps the stream its message always had (same seeds)
+            stream = self.stream(src, dst, tag if name == "x" else f"{tag}.{name}")
             if not t.is_floating_point():  # labels, indices: never quantized
                 out[name] = t
                 if t.device.type == "meta":

@@ -65,6 +65,7 @@ class LinkConfig:
 
     bandwidth_bps: float = float("inf")
     latency_s: float = 0.0
+    wakeup_s: float = 0.0  # seconds each transfer holds the channel before its bytes flow (a radio waking from power save: AdaLearner's ~100 ms)
     loss: float = 0.0  # probability that one message is lost
     retransmit_timeout_s: float = 0.2  # reliable sends resend after this long
     trace: Optional[List[Any]] = None  # [[t_s, bandwidth_bps], ...] piecewise-constant (typed as the device's trace)

@@ -85,6 +85,7 @@ DEVICE = {
 LINK = {
     "bandwidth_bps": Range(0, low_open=True, inf=True, note="bit/s; .inf = instantaneous"),
     "latency_s": Range(0, note="seconds, one way"),
+    "wakeup_s": Range(0, note="seconds per transfer"),
     "loss": Range(0, 1, high_open=True, note="probability a message is lost"),
     "retransmit_timeout_s": Range(0, note="seconds"),
 }

@@ -264,6 +264,31 @@ def test_onebit_error_feedback_keeps_the_accumulated_error_bounded():
     assert acc_no_ef[-1] > 10 * acc_no_ef[9]  # sqrt(1000 / 10) = 10: roughly, with slack below
 
 
+def test_a_message_of_several_tensors_keeps_each_tensors_error_feedback():
+    """The compressor gives every tensor of a message its own stream (AdaLearner sends a model's
+    gradients as one message): the residual of a weight is not reset by its bias's shape, and
+    the decoded sums telescope per tensor to 1e-4 relative."""
+    from framework import registry
+    from tests.conftest import compose_cfg
+
+    registry.load_plugins()
+    comp = registry.build("compressor", compose_cfg(["compressor=onebit_ef"]).compressor)
+    gen = torch.Generator().manual_seed(0)
+    sum_g = {"w": torch.zeros(8, 5), "b": torch.zeros(8)}
+    sum_d = {"w": torch.zeros(8, 5), "b": torch.zeros(8)}
+    for it in range(50):
+        g = {"w": torch.randn(8, 5, generator=gen), "b": torch.randn(8, generator=gen)}
+        data, _, _ = comp.encode(g, src="wn0", dst="go", tag="grad", iteration=it)
+        d = comp.decode(data, src="wn0", dst="go", tag="grad").tensors
+        for k in g:
+            sum_g[k] += g[k]
+            sum_d[k] += d[k]
+    for k, key in (("w", "grad.w"), ("b", "grad.b")):
+        residual = comp.stream("wn0", "go", key)["residual"]
+        assert torch.allclose(sum_g[k] - sum_d[k], residual, rtol=1e-4, atol=1e-4 * float(sum_g[k].abs().max()))
+        assert float(residual.norm()) < 5 * float(sum_g[k].norm()) / 50 ** 0.5  # bounded, not a random walk
+
+
 def test_minmax_with_sender_error_feedback_stays_bounded():
     acc, norms, residual = accumulated_errors(MinMax(2), 1000, error_feedback=True, sender_ef_by_hand=True)
     assert acc[-1] == pytest.approx(float(residual.norm()), rel=1e-3)
