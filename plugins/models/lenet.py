@@ -14,10 +14,18 @@ from framework.errors import ConfigError
 from plugins.models.schemas import LeNetConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
+VARIANTS = ("lecun", "mxnet")
+
+
 def lenet(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
-    """LeNet-5: conv6-5, conv16-5, fc120, fc84, fc-X."""
+    """LeNet-5: conv6-5, conv16-5, fc120, fc84, fc-X (variant `mxnet`: see `lenet_mxnet`)."""
     if len(input_shape) != 3:
         raise ConfigError("model.name", f"lenet needs image input (C, H, W), got shape {tuple(input_shape)}")
+    variant = str(cfg.get("variant", "lecun") if hasattr(cfg, "get") else getattr(cfg, "variant", "lecun"))
+    if variant not in VARIANTS:
+        raise ConfigError("model.variant", f"{variant!r} is not a LeNet variant; choices: {', '.join(VARIANTS)}")
+    if variant == "mxnet":
+        return lenet_mxnet(input_shape, num_classes)
     c, h, w = input_shape
     pad = 2 if min(h, w) < 32 else 0  # bring small inputs (MNIST) up to LeNet's 32x32 receptive layout
 
@@ -33,4 +41,19 @@ def lenet(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Modul
         ("fc1", nn.Sequential(nn.Flatten(), nn.Linear(16 * fh * fw, 120), nn.ReLU())),
         ("fc2", nn.Sequential(nn.Linear(120, 84), nn.ReLU())),
         ("fc3", nn.Linear(84, num_classes)),
+    ]
+
+
+def lenet_mxnet(input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
+    """MXNet's example LeNet (symbols/lenet.py), AdaLearner's: conv20-5 + tanh + pool2, conv50-5 +
+    tanh + pool2, fc500 + tanh, fc-X; no padding. On 1x28x28 input: 431,080 parameters."""
+    c, h, w = input_shape
+    fh, fw = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
+    if fh < 1 or fw < 1:
+        raise ConfigError("model.name", f"lenet (mxnet) input {h}x{w} is too small (needs at least 16x16)")
+    return [
+        ("conv1", nn.Sequential(nn.Conv2d(c, 20, 5), nn.Tanh(), nn.MaxPool2d(2))),
+        ("conv2", nn.Sequential(nn.Conv2d(20, 50, 5), nn.Tanh(), nn.MaxPool2d(2))),
+        ("fc1", nn.Sequential(nn.Flatten(), nn.Linear(50 * fh * fw, 500), nn.Tanh())),
+        ("fc2", nn.Linear(500, num_classes)),
     ]

@@ -4,6 +4,7 @@ see framework.registry.declare)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import List, Optional
 
 from framework.config import ModelConfig
 
@@ -13,11 +14,13 @@ class MLPConfig(ModelConfig):
     name: str = "mlp"
     hidden: int = 128  # width of every hidden layer
     depth: int = 4  # number of units (Linear layers), >= 2
+    widths: Optional[List[int]] = None  # each hidden layer's width (overrides hidden and depth), e.g. [128, 64]: AdaLearner's 784-128-64-10
 
 
 @dataclass
 class LeNetConfig(ModelConfig):
     name: str = "lenet"
+    variant: str = "lecun"  # lecun (LeNet-5: conv6, conv16, fc120, fc84; ReLU) | mxnet (MXNet's example: conv20, conv50, fc500; tanh; AdaLearner)
 
 
 @dataclass
