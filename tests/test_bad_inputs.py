@@ -124,6 +124,13 @@ BAD_INPUTS = [
     (["scheduler.replan_epsilon=0.15", "scheduler.partition=[2]"], ["scheduler.replan_epsilon", "fixes the cuts", "dp, even, search"]),
     (["scheduler=pipedream", "scheduler.in_flight=0"], ["scheduler.in_flight", "at least 1", "got 0"]),
     (["scheduler.P=2"], ["scheduler.P", "scheduler=gpipe has no key P", "scheduler=fl, pipar, sfl, sl have it"]),
+    # ---- scheduler: AdaLearner ----
+    (["scheduler=adalearner", "cluster=uniform"], ["scheduler.group_owner", "no device 'go'", "cluster=adalearner_wlan"]),
+    (["experiment=adalearner", "scheduler.workers=0"], ["scheduler.workers", "1..8", "got 0"]),
+    (["experiment=adalearner", "scheduler.architecture=2bit"], ["scheduler.architecture", "auto, fp32, onebit"]),
+    (["experiment=adalearner", "scheduler.partition=table"], ["scheduler.partition", "linear, lookup_table"]),
+    (["experiment=adalearner", "compressor=none", "scheduler.architecture=onebit"], ["scheduler.architecture", "compressor=onebit_ef"]),
+    (["experiment=adalearner", "model=vgg5"], ["model", "running statistics", "model.batchnorm=false"]),
     # ---- scheduler: PiPar, FL, SFL, SL ----
     ([*PIPAR, "scheduler.shard=dirichlet", "scheduler.dirichlet_alpha=-1"], ["scheduler.dirichlet_alpha", "> 0", "-1"]),
     ([*PIPAR, "scheduler.N=0"], ["scheduler.N", "1..train.batch_size=64", "got 0"]),

@@ -65,7 +65,7 @@ def test_plugins_flag_lists_registered_names(tmp_path):
         assert name in res.stdout
     res = cli(["--help"], tmp_path)
     assert res.returncode == 0
-    assert "scheduler: 1f1b, edge_only, feature_replay, fl, gpipe, jointdnn, local, pipar, pipedream, sfl, sl" in res.stdout
+    assert "scheduler: 1f1b, adalearner, edge_only, feature_replay, fl, gpipe, jointdnn, local, pipar, pipedream, sfl, sl" in res.stdout
     assert "schema/" not in res.stdout.split("== Config ==")[0]
 
 

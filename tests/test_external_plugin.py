@@ -123,16 +123,16 @@ def test_plugins_and_help_list_the_schema_only_option(site, tmp_path):
     assert "demo_gpipe" in line and "gpipe" in line.replace("demo_gpipe", ""), line
     res = cli(["--help"], site)
     assert res.returncode == 0, res.stderr
-    assert "scheduler: 1f1b, demo_gpipe, demo_plain, edge_only, feature_replay, fl, gpipe, jointdnn, local, pipar, pipedream, sfl, sl, super_neuron" in res.stdout
+    assert "scheduler: 1f1b, adalearner, demo_gpipe, demo_plain, edge_only, feature_replay, fl, gpipe, jointdnn, local, pipar, pipedream, sfl, sl, super_neuron" in res.stdout
     res = cli(["scheduler=nope"], site)
     assert res.returncode == 2
-    assert res.stderr.strip() == "error: scheduler=nope: no such scheduler; choices: 1f1b, demo_gpipe, demo_plain, edge_only, feature_replay, fl, gpipe, jointdnn, local, pipar, pipedream, sfl, sl, super_neuron"
+    assert res.stderr.strip() == "error: scheduler=nope: no such scheduler; choices: 1f1b, adalearner, demo_gpipe, demo_plain, edge_only, feature_replay, fl, gpipe, jointdnn, local, pipar, pipedream, sfl, sl, super_neuron"
 
 
 def test_unknown_option_without_the_plugin_is_one_line(tmp_path):
     res = cli(["scheduler=nope"], None)
     assert res.returncode == 2
-    assert res.stderr.strip() == "error: scheduler=nope: no such scheduler; choices: 1f1b, edge_only, feature_replay, fl, gpipe, jointdnn, local, pipar, pipedream, sfl, sl, super_neuron"
+    assert res.stderr.strip() == "error: scheduler=nope: no such scheduler; choices: 1f1b, adalearner, edge_only, feature_replay, fl, gpipe, jointdnn, local, pipar, pipedream, sfl, sl, super_neuron"
     res = cli(["scheduler=demo_gpipe"], None)
     assert res.returncode == 2
     assert "scheduler=demo_gpipe: no such scheduler" in res.stderr

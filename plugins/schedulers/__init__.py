@@ -2,7 +2,7 @@
 scheduler is built."""
 
 from framework.registry import declare
-from plugins.schedulers.schemas import CollabConfig, EdgeOnlyConfig, FeatureReplayConfig, FLConfig, JointDNNConfig, GPipeConfig, LocalConfig, OneFOneBConfig, PipeDreamConfig, SFLConfig, SLConfig, SuperNeuronConfig
+from plugins.schedulers.schemas import AdaLearnerConfig, CollabConfig, EdgeOnlyConfig, FeatureReplayConfig, FLConfig, JointDNNConfig, GPipeConfig, LocalConfig, OneFOneBConfig, PipeDreamConfig, SFLConfig, SLConfig, SuperNeuronConfig
 
 declare("scheduler", "1f1b", "plugins.schedulers.classic:OneFOneB", schema=OneFOneBConfig,
         doc="1F1B with a flush (PipeDream-flush / DAPPLE): GPipe's bubble, at most S micro-batches alive.")
@@ -27,3 +27,5 @@ declare("scheduler", "edge_only", "plugins.schedulers.feature_replay:EdgeOnly", 
         doc="the whole model trained on the edge device (feature replay's baseline)")
 declare("scheduler", "super_neuron", "plugins.schedulers.super_neuron:SuperNeuron", schema=SuperNeuronConfig,
         doc="EdgePipe: super neurons (neuron chunks over contiguous layers) per device, Eq. 2 slot schedule, lossy links (Yoon et al. 2022)")
+declare("scheduler", "adalearner", "plugins.schedulers.adalearner:AdaLearner", schema=AdaLearnerConfig,
+        doc="AdaLearner: data parallelism over one shared WLAN, fp32 or 1-bit error feedback, Algorithm 1 picks n (Mao et al.)")

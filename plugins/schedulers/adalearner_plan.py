@@ -8,8 +8,8 @@ the chosen plan, and the estimate of every n it looked at, in plan.json.
 
 Decisions (notes section 9):
 - Nodes are ranked by capability, "favoring devices with higher computing capability": the
-  minibatch they finish within the largest threshold (lookup table) or their rate (linear), ties
-  by name.
+  minibatch they finish within the largest threshold (lookup table; ties by the next threshold
+  down, and so on) or their rate (linear), then by name.
 - A lookup-table split that overshoots the global minibatch takes the excess from the slowest
   chosen nodes first, leaving each at least 1; one that cannot reach it within the table's last
   threshold is infeasible (infinite time).
@@ -43,21 +43,21 @@ class Split:
         return dict(zip(self.nodes, self.sizes))
 
 
-def _ranked(capability: dict[str, float], n: int) -> list[str]:
-    return sorted(capability, key=lambda node: (-capability[node], node))[:n]
+def _ranked(capability: dict, n: int, descending: bool = True) -> list[str]:
+    return sorted(capability, key=lambda node: (-capability[node] if descending else capability[node], node))[:n]
 
 
 def lookup_split(total: int, n: int, table: dict[str, list[int]], thresholds_s: list[float]) -> Split:
     """Fig. 6: `table[node][j]` is the largest minibatch `node` finishes within `thresholds_s[j]`
     (both increasing in j). The n most capable nodes, at the first threshold where their
     minibatches reach `total`; the excess is taken from the slowest of them first."""
-    sel = _ranked({node: caps[-1] for node, caps in table.items()}, n)
+    sel = _ranked({node: tuple(-c for c in reversed(caps)) for node, caps in table.items()}, n, descending=False)  # ties at the last threshold: the next one down
     for j, t in enumerate(thresholds_s):
         caps = [int(table[node][j]) for node in sel]
         if sum(caps) >= total:
             excess = sum(caps) - total
             for i in reversed(range(len(sel))):  # the slowest (last ranked) first
-                cut = min(excess, caps[i] - 1)
+                cut = max(0, min(excess, caps[i] - 1))
                 caps[i] -= cut
                 excess -= cut
             return Split(tuple(sel), tuple(caps), float(t))

@@ -137,3 +137,19 @@ class SuperNeuronConfig(SchedulerConfig):
     budget_min: Optional[float] = None  # train for this many simulated minutes (Table III: 194) instead of train.epochs; null = train.epochs
     lossy_test_passes: int = 10  # after training: test passes through the lossy forward (one draw per link and layer per pass)
     lossy_test_seed: int = 0
+
+
+@dataclass
+class AdaLearnerConfig(SchedulerConfig):
+    """AdaLearner (Mao et al.): synchronous data parallelism over one shared WLAN (notes 2)."""
+
+    name: str = "adalearner"
+    partition: Any = "linear"  # linear (W_i = C_i (T - a_i), the notes' default) | lookup_table (Fig. 6)
+    architecture: str = "auto"  # auto (Eq. 9 per n) | fp32 (gradients up, weights down) | onebit (the compressor's codec both ways)
+    workers: Optional[int] = None  # n worker nodes; null: Algorithm 1 chooses (1 = local training on the group owner)
+    max_workers: Optional[int] = None  # the candidates Algorithm 1 looks at; null: every dev<i>
+    early_stop: bool = True  # Algorithm 1 stops at the first n whose estimate is worse (the paper's)
+    local_when_n1: bool = True  # n = 1 is the group owner training alone, no communication
+    comm_model: str = "per_transfer"  # per_transfer (2n transfers, each bytes/B + wake-up) | paper (Eq. 7-8 as printed)
+    lookup_step_s: float = 0.1  # lookup_table: the table's time thresholds are multiples of this
+    group_owner: str = "go"  # the device of the group owner (the user's phone, the hotspot)
