@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 import plugins.models  # noqa: F401  (registers every model)
 from framework.errors import ConfigError
 from framework.models import UnitModel, build_model
-from plugins.models import har_cnn, lenet, mlp, mobilenet, resnet, vgg
+from plugins.models import convnet, har_cnn, lenet, mlp, mobilenet, resnet, vgg
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 BATCH = 2
@@ -24,6 +24,7 @@ BATCH = 2
 MODELS = {
     "mlp": (mlp.mlp, mlp.MLPConfig),
     "lenet": (lenet.lenet, lenet.LeNetConfig),
+    "convnet": (convnet.convnet, convnet.ConvNetConfig),
     "vgg5": (vgg.vgg5, vgg.VGG5Config),
     "har_cnn": (har_cnn.har_cnn, har_cnn.HARCNNConfig),
     "mobilenetv2": (mobilenet.mobilenetv2, mobilenet.MobileNetV2Config),
@@ -36,6 +37,7 @@ CASES = [
     ("mlp", (1, 28, 28), 10, 4),
     ("lenet", (1, 28, 28), 10, 5),
     ("lenet", (3, 32, 32), 10, 5),
+    ("convnet", (3, 32, 32), 10, 4),
     ("vgg5", (1, 28, 28), 10, 5),
     ("vgg5", (3, 32, 32), 10, 5),
     ("har_cnn", (9, 128), 6, 5),
@@ -66,6 +68,19 @@ def build(name: str, shape, classes: int = 10, **overrides) -> UnitModel:
         cfg[k] = v
     torch.manual_seed(0)
     return UnitModel(name, factory(cfg, tuple(shape), classes), shape, classes)
+
+
+def test_variants_build_the_papers_layers():
+    """lenet.variant=mxnet (AdaLearner's LeNet: 20 and 50 filters, fc500, tanh) and mlp.widths."""
+    m = build("lenet", (1, 28, 28), variant="mxnet")
+    assert out_shapes(m) == [(20, 12, 12), (50, 4, 4), (500,), (10,)]
+    assert any(isinstance(x, torch.nn.Tanh) for x in m.modules())
+    m = build("mlp", (1, 28, 28), widths=[128, 64])
+    assert out_shapes(m) == [(128,), (64,), (10,)]
+    with pytest.raises(ConfigError, match="model.variant.*lecun, mxnet"):
+        build("lenet", (1, 28, 28), variant="caffe")
+    with pytest.raises(ConfigError, match="model.widths"):
+        build("mlp", (1, 28, 28), widths=[])
 
 
 def out_shapes(model: UnitModel) -> list[tuple[int, ...]]:

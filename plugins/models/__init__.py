@@ -6,8 +6,9 @@ partitionable unit, in the granularity the papers split at.
 """
 
 from framework.registry import declare
-from plugins.models.schemas import HARCNNConfig, LeNetConfig, MLPConfig, MobileNetV2Config, MobileNetV3SmallConfig, ResNet18Config, ResNet50Config, VGG5Config
+from plugins.models.schemas import ConvNetConfig, HARCNNConfig, LeNetConfig, MLPConfig, MobileNetV2Config, MobileNetV3SmallConfig, ResNet18Config, ResNet50Config, VGG5Config
 
+declare("model", "convnet", "plugins.models.convnet:convnet", schema=ConvNetConfig, doc="ConvNet (AdaLearner; Caffe cifar10_full): three 5x5 convs with pooling and LRN, fc-X.")
 declare("model", "har_cnn", "plugins.models.har_cnn:har_cnn", schema=HARCNNConfig, doc="HAR CNN (AccEPT): two 1-D convs, max-pool, two dense layers.")
 declare("model", "lenet", "plugins.models.lenet:lenet", schema=LeNetConfig, doc="LeNet-5: conv6-5, conv16-5, fc120, fc84, fc-X.")
 declare("model", "mlp", "plugins.models.mlp:mlp", schema=MLPConfig, doc="MLP: fc0 (flatten + Linear + ReLU), fc1..fc{depth-2}, head.")

@@ -57,3 +57,8 @@ class MobileNetV2Config(ModelConfig):
 class MobileNetV3SmallConfig(ModelConfig):
     name: str = "mobilenetv3_small"
     dropout: float = 0.0  # before FC-X; torchvision uses 0.2, PiPar's split is timed without it
+
+
+@dataclass
+class ConvNetConfig(ModelConfig):
+    name: str = "convnet"
