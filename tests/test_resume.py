@@ -103,6 +103,15 @@ def test_other_schedules_resume_bit_identical(tmp_path, overrides):
         _stop_and_resume(tmp_path, overrides)
 
 
+def test_adalearner_onebit_resumed_is_bit_identical(tmp_path):
+    """The group owner's second-quantization residuals, the workers' replicas and the uplinks'
+    codec streams are all in the checkpoint: the resumed 1-bit run is the uninterrupted one."""
+    ov = ["experiment=adalearner", "model=mlp", "model.widths=[32,16]", "dataset=synthetic_mnist", "train.batch_size=128", "train.iterations_per_epoch=3",
+          "dataset.n_train=1024", "scheduler.workers=3", "scheduler.architecture=onebit"]
+    full, resumed = _stop_and_resume(tmp_path, ov)
+    assert full["plan"]["scheme"] == "onebit"
+
+
 def test_checkpoint_files_are_safetensors_and_json(tmp_path):
     _job(["train.epochs=1"], tmp_path).run()
     files = sorted(p.name for p in (tmp_path / ck.DIR).iterdir())

@@ -19,6 +19,7 @@ import asyncio
 import numpy as np
 import torch
 
+from framework import checkpoint as ck
 from framework.cluster import Work
 from framework.scheduler import Role
 from framework.stage import Stage
@@ -158,7 +159,30 @@ class GroupOwner(Role):
         return out
 
     def checkpoint(self, bag, prefix: str) -> dict:
-        raise NotImplementedError("scheduler=adalearner does not checkpoint yet")
+        out = _replica_checkpoint(self, bag, prefix)
+        out["streams"] = {n: bag.put(f"{prefix}.stream.{n}", st) for n, st in self.streams.items()}
+        out["iteration_s"], out["arrivals"] = self.iteration_s, self.arrivals
+        return out
+
+    def restore(self, bag, desc: dict) -> None:
+        _replica_restore(self, bag, desc)
+        self.streams = {n: bag.take(d) for n, d in desc["streams"].items()}
+        self.iteration_s, self.arrivals = list(desc["iteration_s"]), [list(o) for o in desc["arrivals"]]
+
+
+def _replica_checkpoint(role, bag, prefix: str) -> dict:
+    """A role's model, its stage's optimizer state and counters, and its iteration count."""
+    out = {"it": role.it, "stage": role.stage.checkpoint(bag, f"{prefix}.stage", weights=False)}
+    if role.sched.numerics:
+        out["model"] = ck.module_state(bag, f"{prefix}.model", role.model)
+    return out
+
+
+def _replica_restore(role, bag, desc: dict) -> None:
+    if role.sched.numerics:
+        ck.load_module_state(bag, desc["model"], role.model)
+    role.stage.restore(bag, desc["stage"])
+    role.it = int(desc["it"])
 
 
 def decode_aggregate(sched, packet: dict) -> dict[str, torch.Tensor]:
@@ -201,6 +225,12 @@ class Worker(Role):
                     await ctx.compute(st.step_work(), self.step, agg, iteration=self.it)
                 self.it += 1
             await ctx.end_epoch(epoch)
+
+    def checkpoint(self, bag, prefix: str) -> dict:
+        return _replica_checkpoint(self, bag, prefix)
+
+    def restore(self, bag, desc: dict) -> None:
+        _replica_restore(self, bag, desc)
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
