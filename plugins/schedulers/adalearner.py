@@ -51,16 +51,6 @@ ARCHITECTURES = ("auto", "fp32", "onebit")
 COMM_MODELS = ("per_transfer", "paper")
 
 
-def largest_remainder(total: int, weights: list[int]) -> list[int]:
-    """`total` split in proportion to `weights` (integers summing to `total`)."""
-    whole = sum(weights)
-    exact = [total * w / whole for w in weights]
-    sizes = [math.floor(e) for e in exact]
-    for i in sorted(range(len(sizes)), key=lambda i: (-(exact[i] - sizes[i]), i))[: total - sum(sizes)]:
-        sizes[i] += 1
-    return sizes
-
-
 class AdaLearner(Scheduler):
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
@@ -124,7 +114,7 @@ class AdaLearner(Scheduler):
         minibatch is split in the same proportions)."""
         sizes = [s for _, _, s in self.workers()]
         if batch != sum(sizes):
-            sizes = largest_remainder(batch, sizes)
+            sizes = ap.largest_remainder(batch, sizes)
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         return [(a, a + s) for a, s in zip(starts, sizes)]
 
@@ -138,7 +128,11 @@ class AdaLearner(Scheduler):
         return {n: torch.empty(s, dtype=self.dtype, device="meta") for n, s in self.param_shapes().items()}
 
     def codec_s(self, kind: str) -> float:
-        """Modelled seconds of one encode or decode of a whole gradient (the compressor's time model)."""
+        """Modelled seconds of one encode or decode of a whole gradient: priced once, in the plan."""
+        return float(self.plan()["codec_s"][kind])
+
+    def _price_codec(self, kind: str) -> float:
+        """The compressor's time model for one encode or decode of a whole gradient."""
         return float(self.ctx.compressor.codec_estimate(kind, self.ctx.compressor.backward_tag, self.meta_grads()) or 0.0)
 
     def update_s(self, device: str, n: int) -> float:
@@ -170,7 +164,7 @@ class AdaLearner(Scheduler):
             rate = {d: (W - 1) / max(p(W) - p(1), 1e-12) if W > 1 else 1.0 / max(p(1), 1e-12) for d, p in prof.items()}
             over = {d: max(0.0, p(1) - 1.0 / rate[d]) for d, p in prof.items()}
             split = lambda n: ap.linear_split(W, n, rate, over)  # noqa: E731
-            table = None
+            table = thresholds = None
         else:
             top = max(p(W) for p in prof.values())
             thresholds = [cfg.lookup_step_s * (j + 1) for j in range(int(math.ceil(top / cfg.lookup_step_s)))]
@@ -186,7 +180,7 @@ class AdaLearner(Scheduler):
         fp32_bytes = wire.encoded_size(grads)
         onebit_bytes = ctx.compressor.packet_bytes(grads, tag=ctx.compressor.backward_tag) if self.codec is not None else None
         link = ctx.cluster.link(self.candidates[0], self.go_device)
-        enc, dec = (self.codec_s("encode"), self.codec_s("decode")) if self.codec is not None else (0.0, 0.0)
+        enc, dec = (self._price_codec("encode"), self._price_codec("decode")) if self.codec is not None else (0.0, 0.0)
         comm = ap.CommModel(bandwidth_Bps=link.cfg.bandwidth_bps / 8.0, wake_s=link.cfg.wakeup_s + link.cfg.latency_s,
                             quantize_Bps=fp32_bytes / enc if enc > 0 else math.inf, unquantize_Bps=fp32_bytes / dec if dec > 0 else math.inf,
                             mode=cfg.comm_model)
@@ -211,7 +205,7 @@ class AdaLearner(Scheduler):
             "link": {"bandwidth_Bps": comm.bandwidth_Bps, "wake_s": comm.wake_s, "shared_medium": bool(ctx.cluster.cfg.shared_medium)},
             "codec_s": {"encode": enc, "decode": dec},
             "partition": cfg.partition, "architecture": cfg.architecture, "comm_model": cfg.comm_model,
-            **({"lookup_table": {"thresholds_s": [cfg.lookup_step_s * (j + 1) for j in range(len(next(iter(table.values()))))], "batches": table}} if table else {}),
+            **({"lookup_table": {"thresholds_s": thresholds, "batches": table}} if table else {}),
         }
 
     # ---- roles --------------------------------------------------------------------------------------

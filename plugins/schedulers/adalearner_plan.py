@@ -43,15 +43,28 @@ class Split:
         return dict(zip(self.nodes, self.sizes))
 
 
-def _ranked(capability: dict, n: int, descending: bool = True) -> list[str]:
-    return sorted(capability, key=lambda node: (-capability[node] if descending else capability[node], node))[:n]
+def _ranked(capability: dict, n: int) -> list[str]:
+    """The n most capable nodes (capabilities compare as numbers or as tuples), ties by name."""
+    neg = lambda c: tuple(-x for x in c) if isinstance(c, tuple) else -c  # noqa: E731
+    return sorted(capability, key=lambda node: (neg(capability[node]), node))[:n]
+
+
+def largest_remainder(total: int, weights: list[float]) -> list[int]:
+    """`total` split in proportion to `weights` into integers that sum to `total`: each share
+    rounded down, the spares to the largest remainders (ties to the first)."""
+    whole = sum(weights)
+    exact = [total * w / whole for w in weights]
+    sizes = [math.floor(e) for e in exact]
+    for i in sorted(range(len(sizes)), key=lambda i: (-(exact[i] - sizes[i]), i))[: total - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
 
 
 def lookup_split(total: int, n: int, table: dict[str, list[int]], thresholds_s: list[float]) -> Split:
     """Fig. 6: `table[node][j]` is the largest minibatch `node` finishes within `thresholds_s[j]`
     (both increasing in j). The n most capable nodes, at the first threshold where their
     minibatches reach `total`; the excess is taken from the slowest of them first."""
-    sel = _ranked({node: tuple(-c for c in reversed(caps)) for node, caps in table.items()}, n, descending=False)  # ties at the last threshold: the next one down
+    sel = _ranked({node: tuple(reversed(caps)) for node, caps in table.items()}, n)  # ties at the last threshold: the next one down
     for j, t in enumerate(thresholds_s):
         caps = [int(table[node][j]) for node in sel]
         if sum(caps) >= total:
@@ -76,9 +89,7 @@ def linear_split(total: int, n: int, rate: dict[str, float], overhead_s: dict[st
     exact = [ci * (t - ai) for ci, ai in zip(c, oh)]
     if total < n or min(exact) < 1.0:
         return Split(tuple(sel), (), math.inf)  # a node would get less than one sample
-    sizes = [math.floor(w) for w in exact]
-    for i in sorted(range(n), key=lambda i: (-(exact[i] - sizes[i]), i))[: total - sum(sizes)]:
-        sizes[i] += 1
+    sizes = largest_remainder(total, exact)
     return Split(tuple(sel), tuple(sizes), max(ai + s / ci for ai, s, ci in zip(oh, sizes, c)))
 
 

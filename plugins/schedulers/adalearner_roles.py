@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import torch
 
 from framework import checkpoint as ck
@@ -149,10 +148,9 @@ class GroupOwner(Role):
         out, decoded = {}, {}
         for n, g in self._sum.items():
             enc = codec.encode(g, self.streams.setdefault(n, {}))
-            meta = np.frombuffer(bytes(enc.meta), np.uint8)
-            bits = np.frombuffer(bytes(enc.payload), np.uint8)
-            out[f"{n}.meta"], out[f"{n}.bits"] = torch.from_numpy(meta.copy()), torch.from_numpy(bits.copy())
-            decoded[n] = type(codec).decode(bytes(enc.meta), memoryview(bytes(enc.payload)), tuple(g.shape), g.dtype)
+            out[f"{n}.meta"] = torch.frombuffer(bytearray(enc.meta), dtype=torch.uint8)
+            out[f"{n}.bits"] = torch.frombuffer(bytearray(enc.payload), dtype=torch.uint8)
+            decoded[n] = type(codec).decode(enc.meta, enc.payload, tuple(g.shape), g.dtype)
         self._sum = None
         _set_grads(self.stage, decoded)
         self.stage.step()
