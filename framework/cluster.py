@@ -9,6 +9,10 @@ size, or a fixed number of seconds) into seconds, by one of three time models:
   `{depthwise: 3.0}`) so that FLOPs alone cannot predict the device, as on real hardware.
   Backward costs `backward_ratio` x forward; the optimizer step `step_flops_per_param`;
   every call pays `call_overhead_s` per unit (dispatch), so tiny micro-batches are not free.
+  Memory streams add to compute: each layer's activations (`act_bytes` per sample) at
+  `activation_bytes_per_s`, the unit's weights once per sample at `weight_bytes_per_s` (both
+  .inf by default: free). Bytes per FLOP differ tenfold between a network's layers, so two
+  devices balanced differently between compute and memory are no fixed multiple of each other.
   Exact and free: the default for tests and planners.
 - `profile`: per-unit forward/backward/step times measured once on this host (median of
   repeats) at batch sizes 1, 2, 4, ... up to the run's batch size, cached on disk, times
@@ -84,6 +88,8 @@ class Device:
             raise ValueError(f"device {name}: the profile time model needs a host profile")
         self.table = profile_tables.device_table(cfg, name, len(self.infos) if self.infos else None) if cfg.time_model == "table" else None
         self._unit_factor = [self._kind_factor(i) for i in self.infos]
+        # seconds per sample each unit spends streaming memory (the analytic model)
+        self._unit_stream = [i.act_bytes / cfg.activation_bytes_per_s + i.param_bytes / cfg.weight_bytes_per_s for i in self.infos]
         self._memo: dict[Work, float] = {}
         self.trace = _speed_trace(name, cfg.trace)
 
@@ -143,9 +149,11 @@ class Device:
                 params = sum(self.infos[i].params for i in units)
                 return cfg.slowdown * (cfg.step_flops_per_param * params / cfg.flops_per_s + cfg.call_overhead_s * len(units))
             flops = sum(self.infos[i].flops * self._unit_factor[i] for i in units) * work.batch
+            stream = sum(self._unit_stream[i] for i in units) * work.batch
+            busy = flops / cfg.flops_per_s + stream
             if work.kind == "bwd":
-                flops *= cfg.backward_ratio
-            return cfg.slowdown * (flops / cfg.flops_per_s + cfg.call_overhead_s * len(units))
+                busy *= cfg.backward_ratio
+            return cfg.slowdown * (busy + cfg.call_overhead_s * len(units))
         if cfg.time_model == "table":
             return profile_tables.work_seconds(self.table, cfg, work.kind, work.start, work.stop, work.batch)
         if cfg.time_model == "profile":

@@ -48,6 +48,12 @@ class DeviceConfig:
     backward_ratio: float = 2.0  # analytic: backward FLOPs = ratio x forward FLOPs
     step_flops_per_param: float = 4.0  # analytic: optimizer step cost
     call_overhead_s: float = 0.0  # analytic: fixed seconds per unit per call (dispatch; x slowdown), so small batches cost more per sample
+    # analytic: memory streams, added to compute (.inf: free). Activations: each layer's input and
+    # output per sample; weights: the unit's parameters once per sample (caches too small to keep
+    # them across the batch). Layers differ tenfold in bytes per FLOP, so a device bound by memory
+    # is not a fixed multiple of one bound by compute (what FTPipeHD's single ratio assumes)
+    activation_bytes_per_s: float = float("inf")
+    weight_bytes_per_s: float = float("inf")
     memory_bytes: Optional[float] = None  # capacity; null = unbounded
     slots: int = 1  # computations that may run at once (server replicas in parallel)
     # [[t_s, factor], ...]: from t_s on, compute takes factor x as long (piecewise constant). Typed

@@ -78,6 +78,8 @@ DEVICE = {
     "backward_ratio": Range(0),
     "step_flops_per_param": Range(0),
     "call_overhead_s": Range(0, note="seconds"),
+    "activation_bytes_per_s": Range(0, low_open=True, inf=True, note="bytes/s; .inf = free"),
+    "weight_bytes_per_s": Range(0, low_open=True, inf=True, note="bytes/s; .inf = free"),
     "memory_bytes": Range(0, low_open=True, null=True, note="bytes; null = unbounded"),
     "slots": Range(1, integer=True),
 }

@@ -99,6 +99,7 @@ BAD_INPUTS = [
     (["cluster.device.slots=0"], ["cluster.device.slots", "an integer >= 1", "got 0"]),
     (["cluster.device.memory_bytes=0"], ["cluster.device.memory_bytes", "> 0 or null", "got 0"]),
     (["cluster.device.call_overhead_s=-0.1"], ["cluster.device.call_overhead_s", ">= 0", "-0.1"]),
+    (["cluster.device.weight_bytes_per_s=0"], ["cluster.device.weight_bytes_per_s", "> 0", ".inf = free", "got 0"]),
     (["cluster.device.kind_factors.norm=-1"], ["cluster.device.kind_factors.norm", ">= 0", "-1"]),
     (["cluster.device.trace=[[0,0]]"], ["cluster.device.trace[0]", "[t_s, factor]", "factor > 0"]),
     (["cluster.devices.dev9.slowdown=2"], ["cluster.devices.dev9: no such device", "dev0, dev1, server", "cluster.num_devices=10", "+cluster.devices.dev9.slowdown=2"]),

@@ -243,6 +243,22 @@ def test_analytic_time_is_flops_over_rate_with_kind_factors():
     assert dev.time(Work("step", 0, 2)) == pytest.approx(4.0 * sum(i.params for i in m.infos) / 1e6)
 
 
+def test_memory_streams_add_activation_and_weight_bytes_per_sample():
+    """Unit a: conv 1->4 (input 64, output 256 floats) and ReLU (256 in, 256 out) read and write
+    (64 + 256 + 256 + 256) x 4 bytes per sample; its weights (40 parameters) go once per sample.
+    Both streams add to compute, the backward takes its ratio of them, and .inf costs nothing."""
+    m = _tiny_model()
+    assert m.infos[0].act_bytes == (64 + 256 + 256 + 256) * 4 and m.infos[0].param_bytes == 40 * 4
+    base = {"num_devices": 1, "device": {"flops_per_s": 1e6}}
+    plain = Cluster(OmegaConf.merge(OmegaConf.structured(ClusterConfig(name="t")), base), m).device("dev0")
+    streams = {"activation_bytes_per_s": 1e5, "weight_bytes_per_s": 2e4}
+    dev = Cluster(OmegaConf.merge(OmegaConf.structured(ClusterConfig(name="t")), base, {"device": streams}), m).device("dev0")
+    extra = 16 * (m.infos[0].act_bytes / 1e5 + m.infos[0].param_bytes / 2e4)
+    assert dev.time(Work("fwd", 0, 1, 16)) == pytest.approx(plain.time(Work("fwd", 0, 1, 16)) + extra)
+    assert dev.time(Work("bwd", 0, 1, 16)) == pytest.approx(plain.time(Work("bwd", 0, 1, 16)) + 2 * extra)
+    assert dev.time(Work("step", 0, 2)) == plain.time(Work("step", 0, 2))  # the optimizer's cost is its own
+
+
 def test_profile_time_model_is_cached_and_deterministic(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELAB_CACHE", str(tmp_path))
     m = _tiny_model()
