@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def run_job(overrides: list[str], out: Path) -> dict:
-    """Compose the config as `python -m framework <overrides>` would, run it into `out`; returns its
-    summary (summary.json's contents) with the scheduler's plan under "plan"."""
+def build_job(overrides: list[str], out: Path):
+    """The Job `python -m framework <overrides>` would run into `out`, built but not run."""
     from hydra import compose, initialize_config_dir
 
     from framework import registry
@@ -17,7 +16,13 @@ def run_job(overrides: list[str], out: Path) -> dict:
     registry.load_plugins()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    job = Job(cfg, out)
+    return Job(cfg, out)
+
+
+def run_job(overrides: list[str], out: Path) -> dict:
+    """Compose the config as `python -m framework <overrides>` would, run it into `out`; returns its
+    summary (summary.json's contents) with the scheduler's plan under "plan"."""
+    job = build_job(overrides, out)
     summary = job.run()
     summary["plan"] = job.scheduler.plan()
     return summary

@@ -2,7 +2,8 @@
 
 For a model and a batch size it pre-trains `plugins.predictors.accept_mlp.LatencyPredictor` on a
 pool of devices of the simulator's own family: analytic devices with seeded random rates,
-per-layer-kind factors, per-unit call overheads and backward ratios, every contiguous sub-model
+per-layer-kind factors, per-unit call overheads, backward ratios and memory streams (activations
+and weights, framework.cluster), every contiguous sub-model
 timed forward + backward (the paper pre-trains on 24 CPU configurations; experiments/
 accept_predictor.py checks the same predictor on timings of this host). A device of the run is
 then known by its hardware vector: the forward + backward times of its 10 representative
@@ -41,8 +42,11 @@ def pool_device(seed: int, infos, cfg) -> Device:
     lo, hi = (math.log(float(x)) for x in cfg.flops_per_s_range)
     klo, khi = (math.log(float(x)) for x in cfg.kind_factor_range)
     kf = np.exp(rng.uniform(klo, khi, len(KINDS)))
-    dcfg = DeviceConfig(time_model="analytic", flops_per_s=float(np.exp(rng.uniform(lo, hi))), kind_factors={k: float(f) for k, f in zip(KINDS, kf)},
+    rate = float(np.exp(rng.uniform(lo, hi)))
+    dcfg = DeviceConfig(time_model="analytic", flops_per_s=rate, kind_factors={k: float(f) for k, f in zip(KINDS, kf)},
                         call_overhead_s=float(rng.uniform(0.0, float(cfg.max_call_overhead_s))), backward_ratio=float(rng.uniform(1.5, 2.5)))
+    blo, bhi = (math.log(float(x)) for x in cfg.bytes_per_flop_range)
+    dcfg.activation_bytes_per_s, dcfg.weight_bytes_per_s = (rate * float(b) for b in np.exp(rng.uniform(blo, bhi, 2)))
     return Device(f"pool{seed}", dcfg, infos)
 
 
@@ -67,8 +71,8 @@ class AcceptPredictor(Predictor):
     # ---- pre-training ------------------------------------------------------------------------
 
     def _key(self, batch: int) -> str:
-        facts = [[i.name, i.flops, i.params, sorted(i.flops_by_kind.items())] for i in self.infos]
-        cfg = {k: self.cfg[k] for k in ("pool", "epochs", "width", "seed", "flops_per_s_range", "kind_factor_range", "max_call_overhead_s")}
+        facts = [[i.name, i.flops, i.params, sorted(i.flops_by_kind.items()), i.act_bytes, i.param_bytes] for i in self.infos]  # all the pool's times depend on
+        cfg = {k: self.cfg[k] for k in ("pool", "epochs", "width", "seed", "flops_per_s_range", "kind_factor_range", "max_call_overhead_s", "bytes_per_flop_range")}
         return hashlib.sha256(json.dumps([facts, batch, cfg, "v2"], default=str).encode()).hexdigest()[:16]  # v2: the file holds the normalisation
 
     def model(self, batch: int) -> LatencyPredictor:

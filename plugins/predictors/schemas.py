@@ -35,6 +35,9 @@ class AcceptConfig(PredictorConfig):
     flops_per_s_range: List[float] = field(default_factory=lambda: [1.0e8, 1.0e11])  # the pool's rates, log-uniform
     kind_factor_range: List[float] = field(default_factory=lambda: [0.25, 6.0])  # the pool's per-layer-kind factors, log-uniform
     max_call_overhead_s: float = 2.0e-3  # the pool's per-unit call overheads, uniform from 0
+    # the pool's activation and weight streams (framework.cluster), each as bytes/s per FLOP/s of
+    # the device's rate, log-uniform: 0.2 is memory-bound on most layers, 20 nearly free
+    bytes_per_flop_range: List[float] = field(default_factory=lambda: [0.2, 20.0])
     cache_dir: Optional[str] = "outputs/cache"  # trained weights per model, batch and config; null: train every run
     finetune_min_samples: int = 8  # a re-planning run fine-tunes the MLP on the stages' reported times from this many reports on (notes: 8)
 
