@@ -40,7 +40,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from omegaconf import OmegaConf  # noqa: E402
+
 from experiments.study_runs import build_job, run_job  # noqa: E402
+from plugins.predictors.accept import fwd_bwd  # noqa: E402
 
 METHODS = {
     "ftpipehd": (["predictor=capacity", "compressor=none"], "FTPipeHD"),
@@ -70,8 +73,8 @@ def predictor_accuracy(scenario: str, out: Path) -> dict:
         for name, dev in job.cluster.devices.items():
             err = []
             for a, b in submodels(len(job.model)):
-                works = [Work(k, a, b, batch) for k in ("fwd", "bwd")]
-                err.append(abs(sum(job.predictor.predict(dev, w) for w in works) / sum(dev.time(w) for w in works) - 1))
+                predicted = sum(job.predictor.predict(dev, Work(k, a, b, batch)) for k in ("fwd", "bwd"))
+                err.append(abs(predicted / fwd_bwd(dev, a, b, batch) - 1))
             acc[(pred, name)] = (sum(e <= 0.05 for e in err) / len(err), sum(e <= 0.10 for e in err) / len(err))
     return acc
 
@@ -93,12 +96,13 @@ def main() -> int:
                 s = run_job(["experiment=accept", f"cluster={sc}", f"cluster.link.bandwidth_bps={bw * 1e6}", "runtime.numerics=false", "tracking=none",
                              "runtime.progress=false", *over, *([f"scheduler.in_flight={args.in_flight}"] if args.in_flight else [])], args.out / "runs" / f"{sc}_{bw:g}_{m}")
                 epoch[(sc, bw, m)] = s["virtual_time_s"]
+                depth = OmegaConf.load(args.out / "runs" / f"{sc}_{bw:g}_{m}" / "config.yaml").scheduler.in_flight  # what ran: the experiment's unless --in-flight
                 cuts = [st["units"][1] for st in s["plan"]["stages"][:-1]]
                 print(f"{sc} {bw:g} Mbit/s {m:8s} epoch {s['virtual_time_s']:8.2f} s  cuts {cuts}", flush=True)
     speedup = {k: epoch[(k[0], k[1], "ftpipehd")] / v for k, v in epoch.items()}
     lines = ["# AccEPT, Table 5 as ratios", "",
              "Simulated epoch (timing only) of `experiment=accept`: MobileNetV2, batch 128, asynchronous 1F1B with weight stashing, the DP partitioner, "
-             f"{args.in_flight or 5} mini-batches in flight; `python experiments/accept_table5.py"
+             f"{depth or 'one per stage'} mini-batches in flight; `python experiments/accept_table5.py"
              f"{f' --in-flight {args.in_flight}' if args.in_flight else ''}` ({time.perf_counter() - t0:.0f} s). Speed-up over FTPipeHD, paper in brackets.", ""]
     gates = []
     for sc in scenarios:

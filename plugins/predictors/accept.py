@@ -71,7 +71,7 @@ class AcceptPredictor(Predictor):
     # ---- pre-training ------------------------------------------------------------------------
 
     def _key(self, batch: int) -> str:
-        facts = [[i.name, i.flops, i.params, sorted(i.flops_by_kind.items()), i.act_bytes, i.param_bytes] for i in self.infos]  # all the pool's times depend on
+        facts = [[i.name, i.flops, i.params, sorted(i.flops_by_kind.items()), i.act_bytes, i.param_bytes] for i in self.infos]  # what the pool's times depend on
         cfg = {k: self.cfg[k] for k in ("pool", "epochs", "width", "seed", "flops_per_s_range", "kind_factor_range", "max_call_overhead_s", "bytes_per_flop_range")}
         return hashlib.sha256(json.dumps([facts, batch, cfg, "v2"], default=str).encode()).hexdigest()[:16]  # v2: the file holds the normalisation
 
