@@ -45,10 +45,12 @@ def torch_device(runtime_cfg) -> torch.device:
         index = int(name.split(":")[1]) if ":" in name else 0
         if index >= torch.cuda.device_count():
             raise ConfigError("runtime.torch_device", f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-        # float32 means float32: cuDNN's default TF32 convolutions keep 10 mantissa bits, and over
-        # one epoch of VGG-5 moved BatchNorm statistics 20 % away from the CPU run (H200, measured)
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+        # By default float32 means float32: cuDNN's default TF32 convolutions keep 10 mantissa bits,
+        # and over one epoch of VGG-5 moved BatchNorm statistics 20 % away from the CPU run (H200,
+        # measured). `runtime.tf32=true` trades that for the tensor cores' speed.
+        tf32 = bool(runtime_cfg.get("tf32", False))
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     return torch.device(name)
 
 

@@ -109,6 +109,11 @@ def check_runtime(cfg) -> None:
         raise ConfigError("runtime.torch_device", f"{device!r} is not a torch device this runtime runs on; choices: cpu, cuda, cuda:<n>")
     if device != "cpu" and not cfg.runtime.numerics:
         raise ConfigError("runtime.torch_device", f"{device} with runtime.numerics=false: a timing-only run does no tensor math; leave runtime.torch_device=cpu")
+    if cfg.runtime.get("tf32"):
+        if device == "cpu":
+            raise ConfigError("runtime.tf32", "TF32 is a mode of CUDA's tensor cores and runtime.torch_device=cpu runs none; set runtime.torch_device=cuda, or leave runtime.tf32=false")
+        if cfg.runtime.dtype != "float32":
+            raise ConfigError("runtime.tf32", f"TF32 rounds float32 math and runtime.dtype={cfg.runtime.dtype} has none; set runtime.dtype=float32, or leave runtime.tf32=false")
     python = cfg.runtime.get("python")
     if rt == "local" and python:
         import shutil

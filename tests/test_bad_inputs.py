@@ -174,6 +174,8 @@ BAD_INPUTS = [
     (["runtime.threads=0"], ["runtime.threads", ">= 1", "got 0"]),
     (["runtime.torch_device=gpu"], ["runtime.torch_device", "'gpu'", "cpu, cuda, cuda:<n>"]),
     (["runtime.torch_device=cuda", "runtime.numerics=false"], ["runtime.torch_device", "timing-only"]),
+    (["runtime.tf32=true"], ["runtime.tf32", "runtime.torch_device=cpu runs none", "runtime.torch_device=cuda"]),
+    (["runtime.torch_device=cuda", "runtime.tf32=true", "runtime.dtype=float64"], ["runtime.tf32", "runtime.dtype=float64", "float32"]),
     (["runtime.emulate_links=true"], ["runtime.emulate_links", "runtime=sim has no key emulate_links", "runtime=local, remote have it"]),
     ([*MQTT, "runtime.join_timeout_s=0"], ["runtime.join_timeout_s", "> 0", "got 0"]),
     ([*MQTT, "runtime.python=/nonexistent/python"], ["runtime.python", "/nonexistent/python", "not an executable"]),

@@ -150,6 +150,21 @@ def test_gpu_run_matches_the_cpu_run_in_float32(tmp_path, scheduler):
     assert errors[0][0] <= 0.10, errors[:3]
 
 
+@cuda
+def test_tf32_is_opt_in_and_changes_no_virtual_time(tmp_path):
+    """float32 means float32 unless `runtime.tf32=true`; with it the run is priced the same (time
+    comes from the device models) and learns about as much."""
+    cfg = ["scheduler=fl", "model=vgg5", "train.epochs=1", "runtime.torch_device=cuda"]
+    (_, rs, _) = run(tmp_path / "strict", cfg)
+    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    (_, rt, _) = run(tmp_path / "tf32", cfg + ["runtime.tf32=true"])
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    assert rs["virtual_time_s"] == rt["virtual_time_s"]
+    assert rt["metrics"]["val/acc"] == pytest.approx(rs["metrics"]["val/acc"], abs=0.05)
+    run(tmp_path / "again", cfg)  # the switch is per run, not left over from the last one
+    assert not torch.backends.cudnn.allow_tf32
+
+
 @pytest.mark.parametrize("first", [True, False], ids=["first-stage", "middle-stage"])
 def test_shared_graph_backwards_equal_each_replica_alone(first):
     """Four replicas' forwards as one call; then the backward of one (recomputed alone), and of
