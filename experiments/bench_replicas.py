@@ -6,7 +6,9 @@ process, in up to four ways:
 
 - `cpu`: tensor work on the CPU, each replica's forward and backward its own call;
 - `cpu batched`: `runtime.batch_replicas=true`, identical replicas as one vmapped call;
-- `gpu` and `gpu batched`: the same with `runtime.torch_device=cuda` (only where CUDA exists).
+- `gpu` and `gpu batched`: the same with `runtime.torch_device=cuda` (only where CUDA exists);
+- `gpu tf32` and `gpu batched tf32`: the same with `runtime.tf32=true` (float32 math on the
+  tensor cores: faster, and drifts from the CPU run; accuracy is printed beside).
 
 It prints, per variant, the wall seconds of the epoch's training (`Job.train`: the role programs
 from building them to the epoch's checkpoint; evaluation and the written outputs, the same in
@@ -14,10 +16,13 @@ every variant, are left out), samples per second and the ratios, and checks that
 has the same virtual time (time comes from the device models, whatever runs the math). A
 `timing-only` row (`runtime.numerics=false`: the same program with no tensor math) is the
 simulator's own bookkeeping, the floor under any variant. The variants alternate over
-`--repeats` rounds; medians are reported.
+`--repeats` rounds; medians are reported. `--profile VARIANT` then runs that variant once more
+under torch.profiler and prints where its time went: the GPU's busy time, the kernels launched
+and the operators that cost the most host time (the work left between a variant and its floor).
 
     python experiments/bench_replicas.py                         # K = 64, fl and pipar
     python experiments/bench_replicas.py --devices 16 --schedulers fl --model lenet --dataset synthetic_mnist
+    python experiments/bench_replicas.py --schedulers fl --repeats 3 --profile "gpu batched tf32"
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def variants(with_gpu: bool) -> dict[str, list[str]]:
     if with_gpu:
         out["gpu"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=false"]
         out["gpu batched"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=true"]
+        out["gpu tf32"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=false", "runtime.tf32=true"]
+        out["gpu batched tf32"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=true", "runtime.tf32=true"]
     return out
 
 
@@ -54,8 +61,9 @@ def _synced() -> float:
     return time.perf_counter()
 
 
-def one_run(args, scheduler: str, extra: list[str]) -> tuple[float, float, int, float]:
-    """(wall seconds of the training, virtual seconds, samples trained, validation accuracy)."""
+def one_run(args, scheduler: str, extra: list[str], profile: bool = False) -> tuple[float, float, int, float]:
+    """(wall seconds of the training, virtual seconds, samples trained, validation accuracy);
+    with `profile`, the training runs under torch.profiler and its summary is printed."""
     overrides = [
         f"scheduler={scheduler}",
         f"model={args.model}",
@@ -66,7 +74,7 @@ def one_run(args, scheduler: str, extra: list[str]) -> tuple[float, float, int, 
         "cluster=pipar_wifi",
         f"cluster.num_devices={args.devices}",
         "train.epochs=1",
-        "train.batch_size=32",
+        f"train.batch_size={args.batch_size}",
         "tracking=none",
         "runtime.progress=false",
         f"runtime.threads={args.threads}",
@@ -81,6 +89,8 @@ def one_run(args, scheduler: str, extra: list[str]) -> tuple[float, float, int, 
         train, spent = job.train, []
 
         def timed_train(*a, **kw):
+            if profile:
+                return profiled(train, *a, **kw)
             t0 = _synced()
             out = train(*a, **kw)
             spent.append(_synced() - t0)
@@ -88,7 +98,30 @@ def one_run(args, scheduler: str, extra: list[str]) -> tuple[float, float, int, 
 
         job.train = timed_train
         res = job.run()
+        if profile:
+            return 0.0, 0.0, 0, 0.0
         return spent[0], float(res["virtual_time_s"]), job.scheduler.samples_per_epoch(), float(res["metrics"].get("val/acc", float("nan")))
+
+def profiled(train, *a, **kw):
+    """`train` under torch.profiler: prints the GPU's busy time, the kernels launched and the
+    operators with the most host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    t0 = _synced()
+    with profile(activities=activities) as prof:
+        out = train(*a, **kw)
+        _synced()
+    wall = time.perf_counter() - t0
+    ops = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in ops) / 1e6
+    kernels = sum(e.count for e in ops if e.self_device_time_total > 0)
+    print(f"profiled training: {wall:.3f} s wall under the profiler; GPU busy {busy:.3f} s in {kernels:,} kernels")
+    print(ops.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+    if torch.cuda.is_available():
+        print(ops.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60))
+    return out
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -97,10 +130,12 @@ def main() -> None:
     ap.add_argument("--schedulers", default="fl,pipar")
     ap.add_argument("--model", default="vgg5")
     ap.add_argument("--dataset", default="synthetic_cifar10")
+    ap.add_argument("--batch-size", type=int, default=32, help="train.batch_size (small batches: the regime where launches, not math, cost)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed: the default thrashes on small machines)")
     ap.add_argument("--no-gpu", action="store_true", help="skip the GPU variants even where CUDA exists")
-    ap.add_argument("--variants", default="", help="comma-separated subset of: timing-only, cpu, cpu batched, gpu, gpu batched")
+    ap.add_argument("--variants", default="", help="comma-separated subset of: timing-only, cpu, cpu batched, gpu, gpu batched, gpu tf32, gpu batched tf32")
+    ap.add_argument("--profile", default="", metavar="VARIANT", help="after the timed runs, run this variant once more under torch.profiler and print its summary")
     ap.add_argument("--server-slots", type=int, default=0,
                     help="computations the server runs at once (cluster.devices.server.slots; 0: the cluster's own, 1). "
                          "PiPar's per-device server replicas batch only when the server runs them together")
@@ -115,6 +150,8 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"--variants: unknown or unavailable {unknown}; choices here: {', '.join(ways)}")
         ways = {w: ways[w] for w in wanted}
+    if args.profile and args.profile not in variants(gpu):
+        raise SystemExit(f"--profile: unknown or unavailable variant {args.profile!r}; choices here: {', '.join(variants(gpu))}")
     print(f"K = {args.devices} devices, {args.model} on {args.dataset}, {args.per_device} samples each, one epoch; "
           f"{args.threads} CPU thread(s); GPU: {torch.cuda.get_device_name(0) if gpu else 'none'}")
     for scheduler in args.schedulers.split(","):
@@ -134,10 +171,13 @@ def main() -> None:
         print("| variant | training wall s (median) | samples/s | vs cpu | vs its one-at-a-time | val acc |")
         print("|---|---|---|---|---|---|")
         for w, s in med.items():
-            alone = w.removesuffix(" batched")
+            alone = w.replace(" batched", "")
             rel = f"{med[alone] / s:.2f}x" if w != alone and alone in med else ""
             vs_cpu = f"{med['cpu'] / s:.2f}x" if "cpu" in med else ""
             print(f"| {w} | {s:.3f} | {samples / s:,.0f} | {vs_cpu} | {rel} | {'' if w == 'timing-only' else f'{acc[w]:.4f}'} |")
+        if args.profile:
+            print(f"\n{scheduler}, {args.profile}:")
+            one_run(args, scheduler, variants(gpu)[args.profile], profile=True)
 
 if __name__ == "__main__":
     main()
