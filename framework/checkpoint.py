@@ -162,7 +162,7 @@ def save_file(tensors: dict[str, torch.Tensor], path) -> None:
     fetched = _fetch_to_host(tensors)
     for name, t in tensors.items():
         got = fetched.get(name)
-        data = (got if got is not None else t.detach().contiguous().reshape(-1).view(torch.uint8)).numpy()
+        data = got.numpy() if got is not None else _host_bytes(t)
         header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + data.nbytes]}
         parts.append(data)
         offset += data.nbytes
@@ -173,6 +173,15 @@ def save_file(tensors: dict[str, torch.Tensor], path) -> None:
         f.write(head)
         for data in parts:
             f.write(data.data)
+
+
+def _host_bytes(t: torch.Tensor):
+    """A CPU tensor's bytes as a flat uint8 numpy array, reshaped by numpy (no torch call per
+    step: a checkpoint holds thousands of small tensors)."""
+    t = t.detach() if t.requires_grad else t  # what `put` stores is detached already
+    if t.dtype is torch.bfloat16:  # numpy has no bfloat16
+        return t.contiguous().reshape(-1).view(torch.uint8).numpy()
+    return np.ascontiguousarray(t.numpy()).reshape(-1).view(np.uint8)
 
 
 def _fetch_to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

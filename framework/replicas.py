@@ -141,7 +141,7 @@ def run_forwards(reqs: list[ForwardRequest]) -> list:
         # forward (which saved these buffers) does not see them as modified
         # (one multi-tensor copy, not G copies per buffer: on a GPU each copy is a kernel launch)
         if buffers:
-            torch._foreach_copy_([st.buffers[n].data for n in buffer_names for st in stages], [row for b in buffers for row in b.unbind(0)])
+            torch._foreach_copy_([st.buffer_data[j] for j in range(len(buffer_names)) for st in stages], [row for b in buffers for row in b.unbind(0)])
     graph = SharedGraph(params, None if first else x, y, last, x.detach(), buffers_before, pending=set(range(len(reqs))))
     results: list = []
     if last:
@@ -181,10 +181,11 @@ def run_backwards(reqs: list[BackwardRequest]) -> list:
         seed[idx] = torch.stack([r.grad for r in reqs])
     inputs = graph.params + ([] if graph.x is None else [graph.x])
     grads = lean_torch.grad(graph.out, inputs, seed, retain_graph=bool(graph.pending))
+    rows = [None if g is None else g.unbind(0) for g in grads]  # one call per tensor, not one per member (GPU: host time per op)
     out = []
     for r, i in zip(reqs, idx):
-        r.stage.add_grads([None if g is None else g[i] for g in grads])
-        out.append(None if graph.x is None else grads[-1][i])
+        r.stage.add_grads([None if g is None else g[i] for g in rows])
+        out.append(None if graph.x is None else rows[-1][i])
     return out
 
 

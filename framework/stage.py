@@ -72,6 +72,13 @@ class Stage:
     def draws_random(self) -> bool:
         return replicas.draws_random_numbers(self.module)
 
+    @cached_property
+    def buffer_data(self) -> list[torch.Tensor]:
+        """The buffers' storage without their version counters (`.data`, made once): where a
+        batched forward writes the replicas' BatchNorm statistics back, as BatchNorm's own update
+        does, so that a graph saved from an earlier forward does not see them as modified."""
+        return [b.data for b in self.buffers.values()]
+
     # ---- cost descriptions for the device time model -----------------------------------
 
     def fwd_work(self, batch: int) -> Work:

@@ -35,17 +35,17 @@ class UnitLayout:
                 "b": torch.empty(self.b_off[b] - self.b_off[a], dtype=dtype, device="meta"),
             }
         out = {}
-        for what in ("p", "b"):
-            ts = [t.detach().reshape(-1) for t in self.tensors(model, a, b, what)]
-            out[what] = torch.cat(ts) if ts else torch.empty(0, dtype=dtype)
+        with torch.no_grad():  # a copy of the values, outside any graph
+            for what in ("p", "b"):
+                ts = [t.reshape(-1) for t in self.tensors(model, a, b, what)]
+                out[what] = torch.cat(ts) if ts else torch.empty(0, dtype=dtype)
         return out
 
     def load(self, model, a: int, b: int, flat: dict) -> None:
         """Copy {"p", "b"} vectors of units [a, b) into `model`."""
         with torch.no_grad():
             for what in ("p", "b"):
-                vec, i = flat[what], 0
-                for t in self.tensors(model, a, b, what):
-                    n = t.numel()
-                    t.copy_(vec[i : i + n].view_as(t))
-                    i += n
+                ts = list(self.tensors(model, a, b, what))
+                if ts:  # one multi-tensor copy: on a GPU, one launch instead of one per tensor
+                    parts = flat[what].split([t.numel() for t in ts])
+                    torch._foreach_copy_(ts, [v.view_as(t) for v, t in zip(parts, ts)])
