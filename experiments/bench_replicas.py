@@ -102,6 +102,7 @@ def one_run(args, scheduler: str, extra: list[str], profile: bool = False) -> tu
             return 0.0, 0.0, 0, 0.0
         return spent[0], float(res["virtual_time_s"]), job.scheduler.samples_per_epoch(), float(res["metrics"].get("val/acc", float("nan")))
 
+
 def profiled(train, *a, **kw):
     """`train` under torch.profiler: prints the GPU's busy time, the kernels launched and the
     operators with the most host time."""
