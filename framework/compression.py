@@ -234,16 +234,29 @@ class Compressor:
         header left; a copy is aligned, so BLAS may sum in another order: float64 results can
         differ in the last bit). None where a codec codes them or a tensor is timing-only (those
         take `encode`)."""
+        if any(t.device.type == "meta" for t in tensors.values()):
+            return None
+        size = self.carried_size(tensors, tag=tag)
+        if size is None:
+            return None
+        return {k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}, size
+
+    def carried_size(self, tensors: dict, *, tag: str) -> int | None:
+        """The bytes `carry` counts for `tensors` (shapes suffice: meta tensors stand for values
+        computed later), counted as `encode` counts them; None where a codec codes `tag`."""
         d = self.directions.get(tag)
         if d is not None and d.codec is not None:
-            return None
-        if any(t.device.type == "meta" for t in tensors.values()):
             return None
         size = wire.encoded_size(tensors)
         if d is not None:
             d.raw_bytes += size
             d.wire_bytes += size
-        return {k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}, size
+        return size
+
+    @property
+    def codes_nothing(self) -> bool:
+        """No direction has a codec: every message travels raw, and `received` changes nothing."""
+        return all(d.codec is None for d in self.directions.values())
 
     def remember(self, d: _Direction, x: torch.Tensor, enc: Encoded, stream: dict):
         """What the sender keeps of a forward tensor for its returned gradient (None: nothing)."""

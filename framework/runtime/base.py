@@ -14,11 +14,13 @@ programs talk only through this interface, so the same program runs on the virtu
     await ctx.end_epoch(epoch)                 # barrier of all roles; evaluation runs there
     ctx.iteration_done(epoch, it, samples)     # one role marks training progress
     ctx.report_train(loss_sum, correct, n)     # training loss/accuracy of a (micro-)batch
+    with ctx.deferred_results(): ...           # results may be placeholders until the block ends
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from typing import Any, Callable, Iterable
 
 import torch
@@ -77,6 +79,21 @@ class RoleContext(ABC):
 
     async def sleep(self, dt: float) -> None:
         await self.sleep_until(self.now() + max(0.0, dt))
+
+    def deferred_results(self):
+        """A block in which a Stage's forward, backward or step may return a placeholder for its
+        result, to be passed on (to `compute`, `send`, `report_train`) but not read; the work
+        runs later, batched with identical replicas' (framework/runtime/deferred.py), and at the
+        latest when the block ends. Inside it a role must not read its model's state directly.
+        Only the simulator with `runtime.batch_replicas` defers; elsewhere results are values."""
+        return nullcontext()
+
+    def deferred_read(self, fn: Callable, *args, model, like: dict):
+        """`fn(*args)`, which reads `model`'s state (and nothing that changes later) and returns
+        a dict of tensors shaped as `like` (meta tensors). Inside `deferred_results()` on the
+        simulator it may return placeholders and run after the model's queued work (a model's
+        upload at the end of a round); elsewhere it runs now."""
+        return fn(*args)
 
     async def barrier(self, name: str, roles: Iterable[str]) -> None:
         """Wait until every role in `roles` (this one included) has reached barrier `name`.

@@ -13,6 +13,7 @@ import asyncio
 import gc
 import time
 from collections import defaultdict, deque
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -22,6 +23,7 @@ from framework.cluster import Cluster, Work
 from framework.errors import ConfigError
 from framework.runtime.base import RoleContext, Runtime, RuntimeHooks, check_retries
 from framework.runtime.deferred import DeferredCompute
+from framework.runtime.placeholders import DeferredHooks, Pending, contains_pending, resolve
 
 
 def batches_replicas(cfg, cluster: Cluster, device: torch.device) -> bool:
@@ -89,6 +91,26 @@ class SimContext(RoleContext):
         self.device_name = device_name
         self.device = runtime.cluster.device(device_name)
         self.waiting_on: tuple = ("starting",)
+        self.deferring = 0  # depth of deferred_results() blocks
+
+    @contextmanager
+    def deferred_results(self):
+        """Placeholders for the results of Stage calls while the work is queued (with
+        `runtime.batch_replicas`; framework/runtime/deferred.py); leaving the block runs it."""
+        if self.rt.deferred is None:
+            yield
+            return
+        self.deferring += 1
+        try:
+            yield
+        finally:
+            self.deferring -= 1
+        self.rt.settle()
+
+    def deferred_read(self, fn: Callable, *args, model, like: dict):
+        if self.deferring and self.rt.deferred is not None:
+            return self.rt.deferred.submit_read(fn, args, model, like)
+        return fn(*args)
 
     def now(self) -> float:
         return self.rt.loop.time()
@@ -105,10 +127,10 @@ class SimContext(RoleContext):
         try:
             start = rt.loop.time()
             if rt.deferred is not None and fn is not None:  # run when a result is first needed
-                call = rt.deferred.submit(fn, args, kwargs)
+                call, known, stand_in = rt.deferred.submit(fn, args, kwargs, on_demand=self.deferring > 0)
                 duration = self.device.duration(work, start)
             else:
-                call = None
+                call, known = None, False
                 t0 = time.perf_counter()
                 result = fn(*args, **kwargs) if fn is not None else None
                 duration = self.device.duration(work, start, time.perf_counter() - t0)
@@ -119,6 +141,8 @@ class SimContext(RoleContext):
             rt.timeline.compute(self.role, work.kind, start, start + duration, iteration, microbatch, group)
         finally:
             queue.release()
+        if known:
+            return stand_in
         return result if call is None else call.result()
 
     def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True, retries=0) -> None:
@@ -127,15 +151,21 @@ class SimContext(RoleContext):
     async def recv(self, src: str, tag: str, timeout: float | None = None):
         box = self.rt.mailbox(src, self.role, tag)
         if box.items:
-            return box.items.popleft()
+            return self._usable(box.items.popleft())
         fut = self.rt.loop.create_future()
         box.waiters.append(fut)
         self.waiting_on = ("recv", tag, src)
-        if timeout is None:
-            return await fut
-        timer = self.rt.loop.sleep(timeout)
-        timer.add_done_callback(lambda _: fut.done() or fut.set_result(None))
-        return await fut
+        if timeout is not None:
+            timer = self.rt.loop.sleep(timeout)
+            timer.add_done_callback(lambda _: fut.done() or fut.set_result(None))
+        return self._usable(await fut)
+
+    def _usable(self, item):
+        """A message's placeholders pass on inside deferred_results(); elsewhere the role
+        reads values."""
+        if self.deferring or self.rt.deferred is None or not contains_pending(item):
+            return item
+        return resolve(item)
 
     async def end_epoch(self, epoch: int) -> None:
         self.waiting_on = ("epoch", epoch)
@@ -166,6 +196,14 @@ class SimRuntime(Runtime):
         device = torch.device(str(cfg.get("torch_device", "cpu")) if cfg is not None else "cpu")
         self.torch_device = None if device.type == "cpu" else device
         self.deferred = DeferredCompute() if batches_replicas(cfg, cluster, device) else None
+        if self.deferred is not None:  # hooks given deferred numbers wait for them
+            self.hooks = DeferredHooks(self.hooks, self.deferred.flush)
+            self.deferred.on_flushed = self.hooks.release
+
+    def settle(self) -> None:
+        """Run every deferred call (and the hook calls that waited on their results)."""
+        if self.deferred is not None:
+            self.deferred.flush()
 
     def states(self) -> dict[str, dict]:
         """Every role's state now (they all live in this process; no copies are made)."""
@@ -188,8 +226,11 @@ class SimRuntime(Runtime):
             fut.add_done_callback(lambda _: box.put(payload))
             return
         t0 = time.perf_counter()
-        carried = self.codec.carry(tensors, tag=tag)  # raw tensors skip the wire bytes in-process,
-        # and stay where they are: a GPU's activations are not copied to the CPU and back
+        if self.deferred is not None and contains_pending(tensors):
+            tensors, carried = self._carry_deferred(tensors, tag)
+        else:
+            carried = self.codec.carry(tensors, tag=tag)  # raw tensors skip the wire bytes in-process,
+            # and stay where they are: a GPU's activations are not copied to the CPU and back
         if carried is None:
             if self.torch_device is not None:
                 tensors = {k: v if v.device.type in ("cpu", "meta") else v.cpu() for k, v in tensors.items()}
@@ -218,7 +259,7 @@ class SimRuntime(Runtime):
                 t = self.codec.received(data, src=src, dst=dst, tag=tag, iteration=iteration, microbatch=microbatch)
             dec_s = self.codec.codec_seconds("decode", tag, tensors, time.perf_counter() - t1)
             if self.torch_device is not None:  # a no-op for what stayed on the GPU
-                t = {k: v if v.device.type == "meta" else v.to(self.torch_device) for k, v in t.items()}
+                t = {k: v if isinstance(v, Pending) or v.device.type == "meta" else v.to(self.torch_device) for k, v in t.items()}
             item = t["x"] if set(t) == {"x"} else t
             if dec_s > 0:
                 self.occupy(dst, "decode", dec_s, iteration, microbatch, lambda _: box.put(item))
@@ -229,6 +270,19 @@ class SimRuntime(Runtime):
             self.occupy(src, "encode", enc_s, iteration, microbatch, transmit)
         else:
             transmit(now)
+
+    def _carry_deferred(self, tensors: dict, tag: str) -> tuple[dict, tuple | None]:
+        """`codec.carry` for a message holding placeholders: where no codec codes anything, the
+        byte count comes from their shapes and the receiver gets placeholders of their copies;
+        otherwise the values are computed now and the message takes the usual way.
+        Returns (the tensors as the codec should see them, what `codec.carry` returns)."""
+        if self.codec.codes_nothing:
+            size = self.codec.carried_size({k: v.spec if isinstance(v, Pending) else v for k, v in tensors.items()}, tag=tag)
+            if size is not None:
+                copies = {k: v.copied() if isinstance(v, Pending) else v.detach().clone(memory_format=torch.contiguous_format) for k, v in tensors.items()}
+                return {k: v.spec if isinstance(v, Pending) else v for k, v in tensors.items()}, (copies, size)
+        tensors = resolve(tensors)
+        return tensors, self.codec.carry(tensors, tag=tag)
 
     def occupy(self, role: str, kind: str, seconds: float, iteration: int, microbatch: int, then: Callable[[float], None]) -> None:
         """Run `kind` work of `seconds` on `role`'s device without blocking the caller: the
