@@ -23,6 +23,7 @@ from framework.runtime.sim import SimRuntime
 from framework.scheduler import ProgramRole
 from framework.stage import Stage
 from tests.conftest import compose_cfg
+from tests.test_replica_batching import run
 
 K, CUT = 4, 2
 
@@ -183,6 +184,51 @@ def test_messages_carry_placeholders_and_a_role_outside_a_block_reads_values():
     assert isinstance(got["loss"], float)
     sent = rt.codec.directions["act"]
     assert sent.raw_bytes == sent.wire_bytes == wire.encoded_size({"x": expect}) + wire.encoded_size({"x": expect, "y": y})
+
+
+def _iteration_stream(monkeypatch):
+    """Every on_iteration call of the jobs that follow, with the training numbers it logs."""
+    from framework.job import Job
+
+    stream = []
+    real = Job.on_iteration
+
+    def spy(self, epoch, iteration, samples, now):
+        stream.append((epoch, iteration, samples, now, *self._train))
+        real(self, epoch, iteration, samples, now)
+
+    monkeypatch.setattr(Job, "on_iteration", spy)
+    return stream
+
+
+def test_pipar_with_results_on_demand_logs_what_the_eager_run_logs(tmp_path, monkeypatch):
+    """PiPar over three devices and one server: deferred, the server's replicas run batched
+    (few flushes, most calls inside a batched call), and every per-iteration metric equals the
+    eager run's: the same virtual times and samples exactly, losses to rounding (float64)."""
+    stream = _iteration_stream(monkeypatch)
+    cfg = ["scheduler=pipar", "model=lenet", "scheduler.P=2", "scheduler.N=2", "runtime.dtype=float64", "dataset=synthetic_mnist", "dataset.n_train=384"]
+    run(tmp_path / "eager", cfg + ["runtime.batch_replicas=false"])
+    eager, stream[:] = list(stream), []
+    job, _, _ = run(tmp_path / "deferred", cfg + ["runtime.batch_replicas=true"])
+    d = job.runtime.deferred
+    assert d.batched > 0.9 * d.stage_calls and d.flushes <= 2
+    assert len(stream) == len(eager) > 0
+    for a, b in zip(stream, eager):
+        assert a[:4] == b[:4]
+        assert a[4:] == pytest.approx(b[4:], rel=1e-10)
+
+
+def test_a_stage_whose_output_is_not_the_models_unit_shape_is_caught():
+    """Byte counts of a placeholder's message come from the model's unit shapes: a forward that
+    returns another shape (here: a smaller input than the model was built for) is an error
+    that names the call, not a silently wrong byte count."""
+    pairs, data = split_replicas()
+    (dev, _), (x, _) = pairs[0], data[0]
+    d = DeferredCompute()
+    _, _, a = d.submit(dev.forward, (x[:, :, :20], 0), {}, on_demand=True)
+    d.flush()
+    with pytest.raises(RuntimeError, match=r"deferred Stage.forward returned \(6, 16, 3, 5\) torch.float64 where its placeholder promised \(6, 16, 5, 5\)"):
+        a.value()
 
 
 def test_a_deferred_read_sees_the_model_after_its_queued_work():

@@ -124,17 +124,21 @@ class DeviceRole(Role):
         for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
             n_it, connected = s.active_iterations(k, epoch, self.plan)
             its = s.iteration_batches(k, epoch, self.plan)[:n_it]
-            for xs, ys in its:
-                if self.server is None:
-                    await local_iteration(ctx, self.stage, self.it, xs, ys, s.numerics)
-                else:
-                    await split_iteration(ctx, self.stage, self.server, self.it, xs, ys, s.numerics)
-                self.it += 1
-                ctx.iteration_done(epoch, self.it, sum(len(y) for y in ys))
+            # on the simulator the round's tensor work may queue until the aggregator needs it,
+            # and run batched across the devices (framework/runtime/deferred.py)
+            with ctx.deferred_results():
+                for xs, ys in its:
+                    if self.server is None:
+                        await local_iteration(ctx, self.stage, self.it, xs, ys, s.numerics)
+                    else:
+                        await split_iteration(ctx, self.stage, self.server, self.it, xs, ys, s.numerics)
+                    self.it += 1
+                    ctx.iteration_done(epoch, self.it, sum(len(y) for y in ys))
+                if s.aggregates(epoch):
+                    if connected:
+                        await self.upload(ctx, n_samples=sum(len(y) for _, ys in its for y in ys))
+                    flag = await ctx.recv("fed", "round")  # sent once the aggregate is made
             if s.aggregates(epoch):
-                if connected:
-                    await self.upload(ctx, n_samples=sum(len(y) for _, ys in its for y in ys))
-                flag = await ctx.recv("fed", "round")
                 if int(flag[0]):
                     await self.reselect(ctx)
                 msg = await ctx.recv("fed", "global")
@@ -146,7 +150,7 @@ class DeviceRole(Role):
         """The device part of the model goes to the aggregator, with optional DP noise."""
         s = self.sched
         P = self.plan.P
-        flat = s.layout.flat(self.model, 0, P, s.dtype, s.numerics)
+        flat = ctx.deferred_read(s.layout.flat, self.model, 0, P, s.dtype, s.numerics, model=self.model, like=s.layout.flat(self.model, 0, P, s.dtype, False))
         if s.cfg.dp_sigma > 0:
             # noise generation costs about one pass over the parameters: priced as an optimizer step
             seconds = s.ctx.cluster.device(self.device).time(Work("step", 0, P))
@@ -241,26 +245,31 @@ class ServerRole(Role):
         for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
             counts = {k: s.active_iterations(k, epoch, self.plans[k])[0] for k in self.ks}
             done = {k: 0 for k in self.ks}
-            for it in range(max(counts.values(), default=0)):
-                for k in self.ks:  # one device at a time (a role serves its devices in turn)
-                    if it < counts[k] and k not in self.gone:
-                        try:
-                            await self.serve(ctx, k)
-                            done[k] += 1
-                        except PeerLost:
-                            self.gone.add(k)  # its iterations end here; the run goes on
+            # on the simulator the replicas' work may queue until the aggregator needs it, and
+            # run batched across them (framework/runtime/deferred.py)
+            with ctx.deferred_results():
+                for it in range(max(counts.values(), default=0)):
+                    for k in self.ks:  # one device at a time (a role serves its devices in turn)
+                        if it < counts[k] and k not in self.gone:
+                            try:
+                                await self.serve(ctx, k)
+                                done[k] += 1
+                            except PeerLost:
+                                self.gone.add(k)  # its iterations end here; the run goes on
+                if s.aggregates(epoch):
+                    for k in self.ks:
+                        if s.active_iterations(k, epoch, self.plans[k])[1]:
+                            ok = k not in self.gone and done[k] == counts[k]
+                            ctx.send("fed", "served", torch.tensor([1 if ok else 0], dtype=torch.int64))
+                            if ok:
+                                st = self.stages[k]
+                                like = s.layout.flat(st.model, st.start, s.Q, s.dtype, False)
+                                ctx.send("fed", "model", ctx.deferred_read(s.layout.flat, st.model, st.start, s.Q, s.dtype, s.numerics, model=st.model, like=like))
+                    for k in self.ks:
+                        flag = await ctx.recv("fed", "round")  # sent once the aggregate is made
+                        if int(flag[0]):
+                            await self.reselect(ctx, k)
             if s.aggregates(epoch):
-                for k in self.ks:
-                    if s.active_iterations(k, epoch, self.plans[k])[1]:
-                        ok = k not in self.gone and done[k] == counts[k]
-                        ctx.send("fed", "served", torch.tensor([1 if ok else 0], dtype=torch.int64))
-                        if ok:
-                            st = self.stages[k]
-                            ctx.send("fed", "model", s.layout.flat(st.model, st.start, s.Q, s.dtype, s.numerics))
-                for k in self.ks:
-                    flag = await ctx.recv("fed", "round")
-                    if int(flag[0]):
-                        await self.reselect(ctx, k)
                 for k in self.ks:
                     msg = await ctx.recv("fed", "global")
                     st = self.stages[k]
@@ -336,6 +345,17 @@ class FedRole(Role):
 
     async def aggregate(self, ctx, epoch: int) -> None:
         s = self.sched
+        with ctx.deferred_results():  # the parts may be placeholders: `average` waits for them
+            parts, counts, present = await self._collect(ctx, epoch)
+            seconds = len(present) * s.ctx.cluster.device(SERVER).time(Work("step", 0, s.Q))  # one weighted add per model
+            await ctx.compute(Work("aggregate", seconds=seconds), self.average, parts, counts)
+        self.rounds.append({"epoch": epoch, "devices": present})
+        await self._send_round(ctx, epoch)
+
+    async def _collect(self, ctx, epoch: int) -> tuple[list, list[float], list[int]]:
+        """The round's parts: (device part, server part or None) per device present, their
+        sample counts, and who they are."""
+        s = self.sched
         parts, counts, present = [], [], []
         for k in range(s.K):
             if not s.active_iterations(k, epoch, s.plans[k])[1]:
@@ -358,10 +378,11 @@ class FedRole(Role):
                 continue
             present.append(k)
             counts.append(float(dev["n"][0]) if s.numerics else 1.0)  # timing-only packets carry no values
-            parts.append({w: _joined(dev[w], srv[w]) if srv is not None else dev[w] for w in ("p", "b")})
-        seconds = len(present) * s.ctx.cluster.device(SERVER).time(Work("step", 0, s.Q))  # one weighted add per model
-        await ctx.compute(Work("aggregate", seconds=seconds), self.average, parts, counts)
-        self.rounds.append({"epoch": epoch, "devices": present})
+            parts.append((dev, srv))
+        return parts, counts, present
+
+    async def _send_round(self, ctx, epoch: int) -> None:
+        s = self.sched
         reselect = self.check_bandwidth(ctx.now())
         for k in range(s.K):
             flag = torch.tensor([1 if k in reselect else 0], dtype=torch.int64)
@@ -378,11 +399,13 @@ class FedRole(Role):
             if P < s.Q:
                 ctx.send(s.server_role_of(k), "global", s.layout.flat(self.model, P, s.Q, s.dtype, s.numerics))
 
-    def average(self, parts: list[dict], counts: list[float]) -> None:
+    def average(self, parts: list[tuple], counts: list[float]) -> None:
+        """FedAvg of the (device part, server part or None) pairs into the global model."""
         s = self.sched
         if not s.numerics or not parts or sum(counts) <= 0:
             return  # nobody trained: the global model stays
-        s.layout.load(self.model, 0, s.Q, fedavg(parts, counts))
+        whole = [{w: _joined(dev[w], srv[w]) if srv is not None else dev[w] for w in ("p", "b")} for dev, srv in parts]
+        s.layout.load(self.model, 0, s.Q, fedavg(whole, counts))
 
     def check_bandwidth(self, now: float) -> set[int]:
         """Devices whose links changed bandwidth since their plan was made (the emulator tells
