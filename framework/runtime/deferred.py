@@ -48,7 +48,7 @@ class DeferredCall:
         self.index = index  # admission order
         self.waiting = 0  # calls this one waits for that have not run
         self.dependents: list[DeferredCall] = []
-        self.handed_out = False  # a placeholder stands for its result: nobody may ask for it
+        self.handed_out = False  # a placeholder stands for its result: its failure fails the flush
         self.model = None  # id of the model a Stage's call works on (its program order)
         self.name = getattr(fn, "__qualname__", None)  # for errors, after the call let go of fn
 

@@ -22,12 +22,12 @@ if TYPE_CHECKING:
 
 class Pending:
     """What a deferred call will produce, before it runs: a tensor of known shape, dtype and
-    device (or one element of a returned tuple). Pass it on (to a computation, into a message);
-    `value()` runs what it waits for."""
+    device (or one element of a returned tuple or dict: `pick`). Pass it on (to a computation,
+    into a message); `value()` runs what it waits for."""
 
     __slots__ = ("call", "pick", "copy", "shape", "dtype", "device", "_value")
 
-    def __init__(self, call: DeferredCall, pick: int | None = None, shape=None, dtype=None, device=None, copy: bool = False):
+    def __init__(self, call: DeferredCall, pick: int | str | None = None, shape=None, dtype=None, device=None, copy: bool = False):
         self.call, self.pick, self.copy = call, pick, copy
         self.shape = None if shape is None else torch.Size(shape)
         self.dtype, self.device = dtype, device
