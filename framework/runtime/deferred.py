@@ -40,7 +40,7 @@ from framework.stage import Stage
 
 
 class DeferredCall:
-    __slots__ = ("owner", "fn", "args", "kwargs", "done", "value", "error", "index", "waiting", "dependents", "handed_out", "model", "name")
+    __slots__ = ("owner", "fn", "args", "kwargs", "done", "value", "error", "index", "waiting", "dependents", "handed_out", "model", "name", "key")
 
     def __init__(self, owner: "DeferredCompute", fn: Callable, args: tuple, kwargs: dict, index: int):
         self.owner, self.fn, self.args, self.kwargs = owner, fn, args, kwargs
@@ -51,6 +51,7 @@ class DeferredCall:
         self.handed_out = False  # a placeholder stands for its result: its failure fails the flush
         self.model = None  # id of the model a Stage's call works on (its program order)
         self.name = getattr(fn, "__qualname__", None)  # for errors, after the call let go of fn
+        self.key = None  # its group key, once its inputs are ready (None: it runs alone)
 
     def result(self):
         if not self.done:
@@ -77,7 +78,6 @@ def _stage_op(fn) -> tuple[str, Stage] | None:
         return None
     kind = _OPS.get(fn.__func__)
     return None if kind is None else (kind, stage)
-
 
 
 def _group_key(call: DeferredCall):
@@ -195,9 +195,10 @@ class DeferredCompute:
             self.on_flushed()
 
     def _run(self, calls: list[DeferredCall]) -> None:
+        """Calls on one model wait for each other (program order), so a group of ready calls
+        never stacks a stage with itself."""
         ready: list = []  # heap of (admission index, call)
-        by_key: dict = {}  # group key -> ready calls of that key, in admission order
-        keys: dict[int, object] = {}
+        by_key: dict = {}  # group key -> the ready calls of that key, as they became ready
 
         def admit(c: DeferredCall) -> None:
             try:
@@ -206,10 +207,9 @@ class DeferredCompute:
                 c.settle(error=e)
                 release(c)
                 return
-            key = _group_key(c) if self.batch else None
-            keys[id(c)] = key
-            if key is not None:
-                by_key.setdefault(key, []).append(c)
+            c.key = _group_key(c) if self.batch else None
+            if c.key is not None:
+                by_key.setdefault(c.key, []).append(c)
             heapq.heappush(ready, (c.index, id(c), c))
 
         def release(c: DeferredCall) -> None:
@@ -226,14 +226,7 @@ class DeferredCompute:
             _, _, c = heapq.heappop(ready)
             if c.done:
                 continue
-            key = keys.pop(id(c))
-            members = [c]
-            if key is not None:
-                members, rest = _distinct_stages([m for m in by_key.pop(key) if not m.done])
-                if rest:
-                    by_key[key] = rest
-                for m in members[1:]:
-                    keys.pop(id(m), None)
+            members = [c] if c.key is None else by_key.pop(c.key)
             if len(members) > 1:
                 self._run_batched(members)
             else:
@@ -267,15 +260,3 @@ class DeferredCompute:
             c.settle(v)
         self.batched_by_kind[kind] += len(members)
 
-
-def _distinct_stages(members: list[DeferredCall]) -> tuple[list[DeferredCall], list[DeferredCall]]:
-    """(the members up to the first that repeats a stage, the rest): one stage cannot be
-    stacked with itself."""
-    seen, out = set(), []
-    for i, c in enumerate(members):
-        sid = id(c.fn.__self__)
-        if sid in seen:
-            return out, members[i:]
-        seen.add(sid)
-        out.append(c)
-    return out, []

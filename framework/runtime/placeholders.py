@@ -68,16 +68,6 @@ def resolve(obj):
     return obj
 
 
-def contains_pending(obj) -> bool:
-    if isinstance(obj, Pending):
-        return True
-    if isinstance(obj, dict):
-        return any(contains_pending(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return any(contains_pending(v) for v in obj)
-    return False
-
-
 def pending_in(obj, out: list | None = None) -> list:
     """Every placeholder in `obj` (in dicts, lists, tuples)."""
     out = [] if out is None else out

@@ -23,7 +23,7 @@ from framework.cluster import Cluster, Work
 from framework.errors import ConfigError
 from framework.runtime.base import RoleContext, Runtime, RuntimeHooks, check_retries
 from framework.runtime.deferred import DeferredCompute
-from framework.runtime.placeholders import DeferredHooks, Pending, contains_pending, resolve
+from framework.runtime.placeholders import DeferredHooks, Pending, pending_in, resolve
 
 
 def batches_replicas(cfg, cluster: Cluster, device: torch.device) -> bool:
@@ -105,7 +105,7 @@ class SimContext(RoleContext):
             yield
         finally:
             self.deferring -= 1
-        self.rt.settle()
+        self.rt.deferred.flush()  # the role may read its state again
 
     def deferred_read(self, fn: Callable, *args, model, like: dict):
         if self.deferring and self.rt.deferred is not None:
@@ -163,7 +163,7 @@ class SimContext(RoleContext):
     def _usable(self, item):
         """A message's placeholders pass on inside deferred_results(); elsewhere the role
         reads values."""
-        if self.deferring or self.rt.deferred is None or not contains_pending(item):
+        if self.deferring or self.rt.deferred is None or not pending_in(item):
             return item
         return resolve(item)
 
@@ -200,11 +200,6 @@ class SimRuntime(Runtime):
             self.hooks = DeferredHooks(self.hooks, self.deferred.flush)
             self.deferred.on_flushed = self.hooks.release
 
-    def settle(self) -> None:
-        """Run every deferred call (and the hook calls that waited on their results)."""
-        if self.deferred is not None:
-            self.deferred.flush()
-
     def states(self) -> dict[str, dict]:
         """Every role's state now (they all live in this process; no copies are made)."""
         return {r: st for r, role in self.roles.items() if (st := role.state())}
@@ -226,7 +221,7 @@ class SimRuntime(Runtime):
             fut.add_done_callback(lambda _: box.put(payload))
             return
         t0 = time.perf_counter()
-        if self.deferred is not None and contains_pending(tensors):
+        if self.deferred is not None and pending_in(tensors):
             tensors, carried = self._carry_deferred(tensors, tag)
         else:
             carried = self.codec.carry(tensors, tag=tag)  # raw tensors skip the wire bytes in-process,
@@ -277,10 +272,11 @@ class SimRuntime(Runtime):
         otherwise the values are computed now and the message takes the usual way.
         Returns (the tensors as the codec should see them, what `codec.carry` returns)."""
         if self.codec.codes_nothing:
-            size = self.codec.carried_size({k: v.spec if isinstance(v, Pending) else v for k, v in tensors.items()}, tag=tag)
+            shapes = {k: v.spec if isinstance(v, Pending) else v for k, v in tensors.items()}
+            size = self.codec.carried_size(shapes, tag=tag)
             if size is not None:
                 copies = {k: v.copied() if isinstance(v, Pending) else v.detach().clone(memory_format=torch.contiguous_format) for k, v in tensors.items()}
-                return {k: v.spec if isinstance(v, Pending) else v for k, v in tensors.items()}, (copies, size)
+                return shapes, (copies, size)
         tensors = resolve(tensors)
         return tensors, self.codec.carry(tensors, tag=tag)
 
