@@ -221,8 +221,9 @@ class Stage:
     def finish_step(self) -> None:
         """What follows the optimizer's update (also after identical replicas' batched update,
         framework/replicas.py `run_steps`)."""
-        if self.numerics:
-            self.optimizer.zero_grad(set_to_none=True)
+        if self.numerics:  # optimizer.zero_grad(set_to_none=True) on the same parameters, without its
+            for p in self.params.values():  # profiler record and dispatch wrapper (per replica per step)
+                p.grad = None
         self.version += 1
 
     # ---- checkpoints --------------------------------------------------------------------
