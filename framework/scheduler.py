@@ -78,8 +78,9 @@ class SchedulerContext:
         if epoch not in self._batches:
             self._batches.clear()
             out = []
+            n = self.iterations_per_epoch()
             for i, xy in enumerate(batches(self.dataset.x_train, self.dataset.y_train, self.cfg.train.batch_size, self.cfg.seed, epoch)):
-                if i >= self.iterations_per_epoch():
+                if i >= n:
                     break
                 out.append(xy)
             self._batches[epoch] = out
