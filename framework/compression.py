@@ -232,14 +232,13 @@ class Compressor:
         receiver hands them to `received`. The same values arrive as through wire bytes, without
         building and parsing the packet (a decoded tensor views its packet at whatever offset the
         header left; a copy is aligned, so BLAS may sum in another order: float64 results can
-        differ in the last bit). None where a codec codes them or a tensor is timing-only (those
-        take `encode`)."""
-        if any(t.device.type == "meta" for t in tensors.values()):
-            return None
+        differ in the last bit). A timing-only (meta) tensor has no values to copy: the receiver
+        gets its own meta tensor of the same shape, as `decode` would make. None where a codec
+        codes `tag`."""
         size = self.carried_size(tensors, tag=tag)
         if size is None:
             return None
-        return {k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}, size
+        return {k: t.detach() if t.device.type == "meta" else t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}, size
 
     def carried_size(self, tensors: dict, *, tag: str) -> int | None:
         """The bytes `carry` counts for `tensors` (shapes suffice: meta tensors stand for values

@@ -203,3 +203,26 @@ def test_in_process_shortcut_equals_the_wire(tmp_path, monkeypatch, extra):
     assert net and net == {k: rb["metrics"][k] for k in net}
     learned = {k: v for k, v in ra["metrics"].items() if k.startswith(("val/", "train/"))}
     assert learned and learned == pytest.approx({k: rb["metrics"][k] for k in learned}, rel=1e-12)
+
+
+@pytest.mark.parametrize("extra", [["scheduler=gpipe", "cluster.num_devices=3", "compressor=none"], ["scheduler=1f1b", "cluster.num_devices=3", "compressor=minmax_ef"],
+                                   ["scheduler=pipar", "cluster=pipar_wifi", "cluster.num_devices=3", "scheduler.P=1", "scheduler.N=2"]], ids=["gpipe-raw", "1f1b-minmax-ef", "pipar"])
+def test_timing_only_shortcut_equals_the_wire(tmp_path, monkeypatch, extra):
+    """Timing-only (meta) tensors of an uncoded direction are handed over in-process too: the
+    same virtual time, byte counts and timeline as header-only packets through the wire."""
+    from framework.compression import Compressor
+
+    cfg = [o for o in EXACT if not o.startswith("scheduler.microbatches")] + ["tracking=none", "runtime.progress=false", "train.epochs=1", "runtime.numerics=false", *extra]
+    if "scheduler=pipar" not in extra:
+        cfg.append("scheduler.microbatches=4")
+    runs = {}
+    for how in ("carry", "wire"):
+        if how == "wire":
+            monkeypatch.setattr(Compressor, "carry", lambda self, tensors, *, tag: None)
+        job, res = run_job(tmp_path / how, cfg)
+        runs[how] = (res, (tmp_path / how / "timeline.json").read_text())
+    (ra, ta), (rb, tb) = runs["carry"], runs["wire"]
+    assert ra["virtual_time_s"] == rb["virtual_time_s"]
+    net = {k: v for k, v in ra["metrics"].items() if k.startswith(("net/", "compression/"))}
+    assert net and net == {k: rb["metrics"][k] for k in net}
+    assert ta == tb
