@@ -175,6 +175,23 @@ def test_timeline_labels_asynchronous_steps_by_their_mini_batch_and_says_its_clo
     assert not collab.runtime.timeline.has_flushes()
 
 
+def _carried_then_wired(tmp_path, monkeypatch, extra, collect):
+    """`collect(job, result, out_dir)` of the EXACT config with `extra`, run with the in-process
+    shortcut (Compressor.carry) and then through the wire bytes."""
+    from framework.compression import Compressor
+
+    cfg = [o for o in EXACT if not o.startswith("scheduler.microbatches")] + ["tracking=none", "runtime.progress=false", "train.epochs=1", *extra]
+    if "scheduler=pipar" not in extra:
+        cfg.append("scheduler.microbatches=4")
+    runs = []
+    for how in ("carry", "wire"):
+        if how == "wire":
+            monkeypatch.setattr(Compressor, "carry", lambda self, tensors, *, tag: None)
+        job, res = run_job(tmp_path / how, cfg)
+        runs.append(collect(job, res, tmp_path / how))
+    return runs
+
+
 @pytest.mark.parametrize("extra", [["scheduler=gpipe", "cluster.num_devices=3", "compressor=none"], ["scheduler=1f1b", "cluster.num_devices=3", "compressor=minmax_ef"],
                                    ["scheduler=pipar", "cluster=pipar_wifi", "cluster.num_devices=3", "scheduler.P=1", "scheduler.N=2"]], ids=["gpipe-raw", "1f1b-minmax-ef", "pipar"])
 def test_in_process_shortcut_equals_the_wire(tmp_path, monkeypatch, extra):
@@ -183,18 +200,7 @@ def test_in_process_shortcut_equals_the_wire(tmp_path, monkeypatch, extra):
     but for BLAS's summation order (a decoded tensor views its packet at any offset, a copy is
     aligned: float64 weights differ by ~1e-17). minmax_ef sends its gradients raw and corrects
     them with what the sender kept (Compressor.received)."""
-    from framework.compression import Compressor
-
-    cfg = [o for o in EXACT if not o.startswith("scheduler.microbatches")] + ["tracking=none", "runtime.progress=false", "train.epochs=1", *extra]
-    if "scheduler=pipar" not in extra:
-        cfg.append("scheduler.microbatches=4")
-    runs = {}
-    for how in ("carry", "wire"):
-        if how == "wire":
-            monkeypatch.setattr(Compressor, "carry", lambda self, tensors, *, tag: None)
-        job, res = run_job(tmp_path / how, cfg)
-        runs[how] = (final_weights(job), res)
-    (wa, ra), (wb, rb) = runs["carry"], runs["wire"]
+    (wa, ra), (wb, rb) = _carried_then_wired(tmp_path, monkeypatch, extra, lambda job, res, out: (final_weights(job), res))
     assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-12, atol=1e-14)
@@ -210,18 +216,7 @@ def test_in_process_shortcut_equals_the_wire(tmp_path, monkeypatch, extra):
 def test_timing_only_shortcut_equals_the_wire(tmp_path, monkeypatch, extra):
     """Timing-only (meta) tensors of an uncoded direction are handed over in-process too: the
     same virtual time, byte counts and timeline as header-only packets through the wire."""
-    from framework.compression import Compressor
-
-    cfg = [o for o in EXACT if not o.startswith("scheduler.microbatches")] + ["tracking=none", "runtime.progress=false", "train.epochs=1", "runtime.numerics=false", *extra]
-    if "scheduler=pipar" not in extra:
-        cfg.append("scheduler.microbatches=4")
-    runs = {}
-    for how in ("carry", "wire"):
-        if how == "wire":
-            monkeypatch.setattr(Compressor, "carry", lambda self, tensors, *, tag: None)
-        job, res = run_job(tmp_path / how, cfg)
-        runs[how] = (res, (tmp_path / how / "timeline.json").read_text())
-    (ra, ta), (rb, tb) = runs["carry"], runs["wire"]
+    (ra, ta), (rb, tb) = _carried_then_wired(tmp_path, monkeypatch, [*extra, "runtime.numerics=false"], lambda job, res, out: (res, (out / "timeline.json").read_text()))
     assert ra["virtual_time_s"] == rb["virtual_time_s"]
     net = {k: v for k, v in ra["metrics"].items() if k.startswith(("net/", "compression/"))}
     assert net and net == {k: rb["metrics"][k] for k in net}
