@@ -130,6 +130,22 @@ def load_module_state(bag: Bag, desc: dict, module) -> None:
         module.load_state_dict(bag.take(desc))
 
 
+def model_and_stage(bag: Bag, prefix: str, model, stage, numerics: bool) -> dict:
+    """A role's whole model (runs with numerics) and its stage's optimizer state and counters:
+    the stage's weights are the model's, stored once."""
+    out = {"stage": stage.checkpoint(bag, f"{prefix}.stage", weights=False)}
+    if numerics:
+        out["model"] = module_state(bag, f"{prefix}.model", model)
+    return out
+
+
+def load_model_and_stage(bag: Bag, desc: dict, model, stage, numerics: bool) -> None:
+    """What `model_and_stage` stored, back into `model` and `stage`."""
+    if numerics:
+        load_module_state(bag, desc["model"], model)
+    stage.restore(bag, desc["stage"])
+
+
 def random_state(rng) -> list:
     """A `random.Random`'s state as JSON."""
     version, internal, gauss = rng.getstate()

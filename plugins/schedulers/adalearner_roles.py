@@ -170,16 +170,11 @@ class GroupOwner(Role):
 
 def _replica_checkpoint(role, bag, prefix: str) -> dict:
     """A role's model, its stage's optimizer state and counters, and its iteration count."""
-    out = {"it": role.it, "stage": role.stage.checkpoint(bag, f"{prefix}.stage", weights=False)}
-    if role.sched.numerics:
-        out["model"] = ck.module_state(bag, f"{prefix}.model", role.model)
-    return out
+    return {"it": role.it, **ck.model_and_stage(bag, prefix, role.model, role.stage, role.sched.numerics)}
 
 
 def _replica_restore(role, bag, desc: dict) -> None:
-    if role.sched.numerics:
-        ck.load_module_state(bag, desc["model"], role.model)
-    role.stage.restore(bag, desc["stage"])
+    ck.load_model_and_stage(bag, desc, role.model, role.stage, role.sched.numerics)
     role.it = int(desc["it"])
 
 

@@ -52,17 +52,13 @@ class SLServer(Role):
         return {k: v.detach() for k, v in self.model.state_dict().items()} if self.sched.numerics else {}
 
     def checkpoint(self, bag, prefix: str) -> dict:
-        out = {"served": self.served, "stage": self.stage.checkpoint(bag, f"{prefix}.stage", weights=False)}
+        out = {"served": self.served, **ck.model_and_stage(bag, prefix, self.model, self.stage, self.sched.numerics)}
         if self.latest is not None:
             out["latest"] = bag.put(f"{prefix}.latest", self.latest)
-        if self.sched.numerics:
-            out["model"] = ck.module_state(bag, f"{prefix}.model", self.model)
         return out
 
     def restore(self, bag, desc: dict) -> None:
-        if self.sched.numerics:
-            ck.load_module_state(bag, desc["model"], self.model)
-        self.stage.restore(bag, desc["stage"])
+        ck.load_model_and_stage(bag, desc, self.model, self.stage, self.sched.numerics)
         self.served = int(desc["served"])
         self.latest = bag.take(desc["latest"]) if "latest" in desc else None
 

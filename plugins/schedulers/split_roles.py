@@ -104,19 +104,14 @@ class DeviceRole(Role):
         return self.sched.server_role_of(self.k) if self.plan.P < self.sched.Q else None
 
     def checkpoint(self, bag, prefix: str) -> dict:
-        out = {"plan": self.plan.without_shortlist(), "it": self.it, "stage": self.stage.checkpoint(bag, f"{prefix}.stage", weights=False)}
-        if self.sched.numerics:
-            out["model"] = ck.module_state(bag, f"{prefix}.model", self.model)
-        return out
+        return {"plan": self.plan.without_shortlist(), "it": self.it, **ck.model_and_stage(bag, prefix, self.model, self.stage, self.sched.numerics)}
 
     def restore(self, bag, desc: dict) -> None:
         s = self.sched
         self.plan = DevicePlan.from_dict(desc["plan"])
         if self.plan.P != self.stage.stop:  # a re-selection had moved the cut
             self.stage = Stage(self.model, 0, self.plan.P, s.ctx.cfg.train, numerics=s.numerics)
-        if s.numerics:
-            ck.load_module_state(bag, desc["model"], self.model)
-        self.stage.restore(bag, desc["stage"])
+        ck.load_model_and_stage(bag, desc, self.model, self.stage, s.numerics)
         self.it = int(desc["it"])
 
     async def run(self, ctx) -> None:
