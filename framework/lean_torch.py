@@ -82,7 +82,8 @@ def sgd_steps(optimizers: list[SGD]) -> None:
 def _update(pairs: list[tuple[SGD, dict]], foreach_on_cpu: bool = False) -> None:
     """torch's SGD update of every (optimizer, parameter group) in `pairs`, all of the first's
     hyper-parameters, as one call: the single-tensor update on the CPU (what torch.optim.SGD picks
-    there; foreach with `foreach_on_cpu`), torch's own choice elsewhere; each momentum buffer goes back to its optimizer."""
+    there; foreach with `foreach_on_cpu`), torch's own choice elsewhere; each momentum buffer goes
+    back to its optimizer."""
     group = pairs[0][1]
     params: list[torch.Tensor] = []
     grads: list[torch.Tensor] = []
@@ -96,10 +97,10 @@ def _update(pairs: list[tuple[SGD, dict]], foreach_on_cpu: bool = False) -> None
     hyper = dict(weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"], dampening=group["dampening"],
                  nesterov=group["nesterov"], maximize=group["maximize"], has_sparse_grad=sparse)
     with torch.no_grad():
-        on_cpu = not group["foreach"] and all(p.device.type == "cpu" for p in params)
-        if on_cpu and foreach_on_cpu and not sparse:
+        single_tensor = not group["foreach"] and all(p.device.type == "cpu" for p in params)  # torch's pick here
+        if single_tensor and foreach_on_cpu and not sparse:
             _sgd._multi_tensor_sgd(params, grads, buffers, None, None, **hyper)
-        elif on_cpu:
+        elif single_tensor:
             _sgd._single_tensor_sgd(params, grads, buffers, None, None, **hyper)
         else:
             _sgd.sgd(params, grads, buffers, foreach=group["foreach"], fused=group["fused"], **hyper)
