@@ -99,6 +99,8 @@ def batches(x, y, batch_size: int, seed: int, epoch: int, *, shuffle=True, drop_
     """Yield (x, y) mini-batches of one epoch; `indices` restricts to a shard."""
     base = torch.arange(len(x)) if indices is None else torch.as_tensor(indices)
     order = base[epoch_order(len(base), seed, epoch, shuffle)]
+    if x.device.type not in ("cpu", "meta") and y.device == x.device:  # one copy to the GPU, not one (and a wait for it) per batch
+        order = order.to(x.device)
     stop = len(order) - (len(order) % batch_size if drop_last else 0)
     for i in range(0, stop, batch_size):
         idx = order[i : i + batch_size]

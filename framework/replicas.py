@@ -7,11 +7,19 @@ idle; `torch.func.vmap` over their stacked parameters does the same work in one 
 `run_forwards(requests)` runs the forwards of G stages that slice the same units of the same
 architecture, on inputs of one shape: parameters and buffers are stacked, the slice runs once
 under vmap, BatchNorm's running statistics are written back to each replica, and every stage
-keeps a `Slot` (the shared graph and its index) where it would keep its own graph.
+keeps a `Slot` (the shared graph and its index) where it would keep its own graph. A last
+stage's losses and correct counts stay on the device (`LossRow`) until a member's are asked for.
 `run_backwards(requests)` runs the backwards of stages whose forwards ran together as one
 autograd call over the shared graph (zero gradient for members not in the call; the graph is kept
 until its last member is done) and adds each member's slice of the gradients to its own
 parameters. Results equal the one-at-a-time calls up to rounding (float64: about 1e-15).
+
+**Nothing in these calls waits for the device.** Reading a value back (`item`, `tolist`) and
+copying host data to the device (`torch.tensor(..., device=)`, indexing with a Python list) each
+make the host wait until the GPU has run everything queued before; inside a flush that would
+happen at every iteration, and the host could never run ahead of the kernels it launched. So the
+losses are read once, when asked for (after the round's work is queued), and the backward's
+seed is made on the device (tests/test_replica_batching.py checks this on the CPU).
 
 Which calls may run together is decided by `forward_signature`: same architecture slice, same
 input shape and dtype, same loss or none, no weight stashing, and no random modules (dropout):
@@ -86,6 +94,37 @@ class Slot:
     loss_scale: float
 
 
+class LossRows:
+    """The G summed losses and correct counts of one batched last-stage forward, on the device
+    until the first member's are asked for; then read back together (one wait for the device)."""
+
+    __slots__ = ("losses", "correct", "n", "_rows")
+
+    def __init__(self, losses: torch.Tensor, correct: torch.Tensor, n: int):
+        self.losses, self.correct, self.n = losses, correct, n
+        self._rows: list | None = None
+
+    def member(self, i: int) -> tuple[float, int, int]:
+        """(loss_sum, correct, n) of member `i`: what its `Stage.forward` would have returned."""
+        if self._rows is None:
+            self._rows = list(zip(self.losses.tolist(), self.correct.tolist()))
+            self.losses = self.correct = None
+        loss, correct = self._rows[i]
+        return loss, int(correct), self.n
+
+
+class LossRow:
+    """A member's share of `LossRows`: `get()` is its (loss_sum, correct, n)."""
+
+    __slots__ = ("rows", "index")
+
+    def __init__(self, rows: LossRows, index: int):
+        self.rows, self.index = rows, index
+
+    def get(self) -> tuple[float, int, int]:
+        return self.rows.member(self.index)
+
+
 def forward_signature(req: ForwardRequest) -> tuple | None:
     """Requests with equal signatures may run as one call; None: this one runs alone."""
     st = req.stage
@@ -116,7 +155,8 @@ def run_steps(stages: list) -> list:
 
 def run_forwards(reqs: list[ForwardRequest]) -> list:
     """The forwards of `reqs` (equal signatures, distinct stages) as one vmapped call; returns
-    what each `Stage.forward` would have returned."""
+    what each `Stage.forward` would have returned (on a last stage, a `LossRow` whose `get()`
+    returns it)."""
     stages = [r.stage for r in reqs]
     base = stages[0].module
     names = stages[0].param_names
@@ -150,7 +190,8 @@ def run_forwards(reqs: list[ForwardRequest]) -> list:
         losses = nn.functional.cross_entropy(y.flatten(0, 1), target.flatten(), reduction="none").view(g, b).sum(1)
         correct = (y.detach().argmax(-1) == target).sum(1)
         graph.out = losses
-        results = [(loss, int(c), b) for loss, c in zip(losses.detach().tolist(), correct.tolist())]
+        rows = LossRows(losses.detach(), correct, b)
+        results = [LossRow(rows, i) for i in range(len(reqs))]
     else:
         out = y.detach()
         results = [out[i] for i in range(len(reqs))]
@@ -174,11 +215,7 @@ def run_backwards(reqs: list[BackwardRequest]) -> list:
     graph.pending.difference_update(idx)
     if not completes and 2 * len(idx) < len(graph.inputs):
         return [_recomputed_backward(r, s) for r, s in zip(reqs, slots)]
-    seed = torch.zeros_like(graph.out)
-    if graph.is_last:
-        seed[idx] = torch.tensor([s.loss_scale for s in slots], dtype=seed.dtype, device=seed.device)
-    else:
-        seed[idx] = torch.stack([r.grad for r in reqs])
+    seed = _seed(graph, reqs, slots)
     inputs = graph.params + ([] if graph.x is None else [graph.x])
     grads = lean_torch.grad(graph.out, inputs, seed, retain_graph=bool(graph.pending))
     rows = [None if g is None else g.unbind(0) for g in grads]  # one call per tensor, not one per member (GPU: host time per op)
@@ -187,6 +224,26 @@ def run_backwards(reqs: list[BackwardRequest]) -> list:
         r.stage.add_grads([None if g is None else g[i] for g in rows])
         out.append(None if graph.x is None else rows[-1][i])
     return out
+
+
+def _seed(graph: SharedGraph, reqs: list[BackwardRequest], slots: list[Slot]) -> torch.Tensor:
+    """The output gradient of a backward through `graph` for the members in `reqs` (zero for
+    the others), made on the device: no host data copied in (see the module's docstring)."""
+    if graph.is_last:  # each member's loss scale
+        scales = {s.index: s.loss_scale for s in slots}
+        if len(scales) == len(graph.out) and len(set(scales.values())) == 1:
+            return torch.full_like(graph.out, slots[0].loss_scale)
+        seed = torch.zeros_like(graph.out)
+        for i, scale in scales.items():
+            seed[i].fill_(scale)  # a scalar argument, not a host tensor
+        return seed
+    rows: list = [None] * len(graph.out)
+    for r, s in zip(reqs, slots):
+        rows[s.index] = r.grad
+    if any(g is None for g in rows):
+        zero = torch.zeros_like(reqs[0].grad)
+        rows = [zero if g is None else g for g in rows]
+    return torch.stack(rows)
 
 
 def _recomputed_backward(req: BackwardRequest, slot: Slot):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from framework.errors import ConfigError
 from framework.job import Job
@@ -167,18 +168,20 @@ def test_tf32_is_opt_in_and_changes_no_virtual_time(tmp_path):
     assert not torch.backends.cudnn.allow_tf32
 
 
-@pytest.mark.parametrize("first", [True, False], ids=["first-stage", "middle-stage"])
-def test_shared_graph_backwards_equal_each_replica_alone(first):
+@pytest.mark.parametrize("where", ["first", "middle", "last"], ids=["first-stage", "middle-stage", "last-stage"])
+def test_shared_graph_backwards_equal_each_replica_alone(where):
     """Four replicas' forwards as one call; then the backward of one (recomputed alone), and of
-    the other three together through the shared graph: every gradient, input gradient and
-    BatchNorm statistic equals the replica's own forward and backward (float64)."""
+    the other three together through the shared graph: every gradient, input gradient, loss
+    and BatchNorm statistic equals the replica's own forward and backward (float64). On a last
+    stage each replica has its own loss scale (the seed of a part of the group)."""
     from framework.models import build_model
     from framework.stage import Stage
 
     cfg = compose_cfg(["model=vgg5", "runtime.dtype=float64"])
     torch.manual_seed(0)
     model = build_model(cfg.model, (3, 16, 16), 10).to(torch.float64)
-    start, stop = (0, 3) if first else (1, 4)
+    start, stop = {"first": (0, 3), "middle": (1, 4), "last": (1, len(model))}[where]
+    last = where == "last"
 
     def stages():
         out = []
@@ -194,18 +197,25 @@ def test_shared_graph_backwards_equal_each_replica_alone(first):
     shape = model.infos[start].in_shape
     xs = [torch.randn(8, *shape, generator=g, dtype=torch.float64) for _ in range(4)]
     grads = [torch.randn(8, *model.infos[stop - 1].out_shape, generator=g, dtype=torch.float64) for _ in range(4)]
+    targets = [torch.randint(0, 10, (8,), generator=g) for _ in range(4)] if last else [None] * 4
+    scales = [1.0, 0.5, 0.25, 2.0] if last else [1.0] * 4
+    grads = [None] * 4 if last else grads
     ref, bat = stages(), stages()
-    ref_in = [st.forward(x, 0) for st, x in zip(ref, xs)]
+    ref_in = [st.forward(x, 0, t, sc) for st, x, t, sc in zip(ref, xs, targets, scales)]
     ref_dx = [st.backward(0, gr) for st, gr in zip(ref, grads)]
     from framework import replicas
 
-    outs = replicas.run_forwards([replicas.ForwardRequest(st, x, 0) for st, x in zip(bat, xs)])
+    outs = replicas.run_forwards([replicas.ForwardRequest(st, x, 0, t, sc) for st, x, t, sc in zip(bat, xs, targets, scales)])
     dx = replicas.run_backwards([replicas.BackwardRequest(bat[2], 0, grads[2])])  # alone: recomputed
     dx = dx[:0] + replicas.run_backwards([replicas.BackwardRequest(bat[k], 0, grads[k]) for k in (0, 1, 3)]) + dx
     dx = [dx[0], dx[1], dx[3], dx[2]]
     for k in range(4):
-        torch.testing.assert_close(outs[k], ref_in[k], rtol=1e-12, atol=1e-12)
-        if first:
+        if last:  # (loss_sum, correct, n), read back when asked for
+            loss, correct, n = outs[k].get()
+            assert (correct, n) == ref_in[k][1:] and loss == pytest.approx(ref_in[k][0], rel=1e-12)
+        else:
+            torch.testing.assert_close(outs[k], ref_in[k], rtol=1e-12, atol=1e-12)
+        if where == "first":
             assert dx[k] is None and ref_dx[k] is None
         else:
             torch.testing.assert_close(dx[k], ref_dx[k], rtol=1e-12, atol=1e-12)
@@ -214,6 +224,61 @@ def test_shared_graph_backwards_equal_each_replica_alone(first):
         for b, c in zip(bat[k].module.buffers(), ref[k].module.buffers()):
             torch.testing.assert_close(b, c, rtol=1e-12, atol=1e-12)
         assert not bat[k].inflight
+
+
+class _HostWaits(TorchDispatchMode):
+    """Records the tensor calls that make the host wait for a GPU: a value read back
+    (`item`, `float(t)`, `bool(t)`), or host data made into a tensor (`torch.tensor(...)`,
+    indexing with a Python list), whose copy to the device waits for the queued kernels."""
+
+    WAITS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.WAITS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["scheduler=fl", "model=vgg5"], ["scheduler=pipar", "model=lenet", "scheduler.P=2", "scheduler.N=2"], ["scheduler=sfl", "model=lenet", "scheduler.P=1"]],
+    ids=["fl", "pipar", "sfl"],
+)
+def test_a_batched_round_never_waits_for_the_device(tmp_path, monkeypatch, extra):
+    """Inside a flush (the round's queued work, run batched) nothing reads a value back or copies
+    host data in: on a GPU each would make the host wait for every kernel launched before it, at
+    every iteration. Checked on the CPU, where the same calls are visible; the losses are read
+    once asked for, after the flush, and equal the unbatched run's."""
+    waits = _HostWaits()
+    tolists: list = []
+    run_calls = deferred.DeferredCompute._run
+
+    def watched(self, calls):
+        real_tolist = torch.Tensor.tolist
+
+        def tolist(t):
+            tolists.append(tuple(t.shape))
+            return real_tolist(t)
+
+        monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+        try:
+            with waits:
+                run_calls(self, calls)
+        finally:
+            monkeypatch.setattr(torch.Tensor, "tolist", real_tolist)
+
+    monkeypatch.setattr(deferred.DeferredCompute, "_run", watched)
+    cfg = ["runtime.dtype=float64", *extra]
+    batched = run(tmp_path / "batched", cfg + ["runtime.batch_replicas=true"])
+    d = batched[0].runtime.deferred
+    assert d.batched_by_kind["forward"] > 0 and d.batched_by_kind["backward"] > 0
+    assert waits.seen == [] and tolists == []
+    monkeypatch.undo()
+    assert_same_run(run(tmp_path / "alone", cfg + ["runtime.batch_replicas=false"]), batched, rtol=1e-10)
 
 
 @pytest.mark.parametrize("foreach", [False, True], ids=["single-tensor", "foreach"])

@@ -58,6 +58,8 @@ class DeferredCall:
             self.owner.flush()
         if self.error is not None:
             raise self.error
+        if isinstance(self.value, replicas.LossRow):  # read back from the device when first asked for
+            self.value = self.value.get()
         return self.value
 
     def describe(self) -> str:
