@@ -252,7 +252,8 @@ def test_a_batched_round_never_waits_for_the_device(tmp_path, monkeypatch, extra
     """Inside a flush (the round's queued work, run batched) nothing reads a value back or copies
     host data in: on a GPU each would make the host wait for every kernel launched before it, at
     every iteration. Checked on the CPU, where the same calls are visible; the losses are read
-    once asked for, after the flush, and equal the unbatched run's."""
+    once asked for, after the flush (that they equal the unbatched run's is
+    test_batched_replicas_train_as_one_at_a_time's)."""
     waits = _HostWaits()
     tolists: list = []
     run_calls = deferred.DeferredCompute._run
@@ -272,13 +273,11 @@ def test_a_batched_round_never_waits_for_the_device(tmp_path, monkeypatch, extra
             monkeypatch.setattr(torch.Tensor, "tolist", real_tolist)
 
     monkeypatch.setattr(deferred.DeferredCompute, "_run", watched)
-    cfg = ["runtime.dtype=float64", *extra]
-    batched = run(tmp_path / "batched", cfg + ["runtime.batch_replicas=true"])
+    batched = run(tmp_path, ["runtime.dtype=float64", *extra, "runtime.batch_replicas=true"])
     d = batched[0].runtime.deferred
     assert d.batched_by_kind["forward"] > 0 and d.batched_by_kind["backward"] > 0
     assert waits.seen == [] and tolists == []
-    monkeypatch.undo()
-    assert_same_run(run(tmp_path / "alone", cfg + ["runtime.batch_replicas=false"]), batched, rtol=1e-10)
+    assert batched[1]["metrics"]["train/loss"] > 0  # read back after the flush
 
 
 @pytest.mark.parametrize("foreach", [False, True], ids=["single-tensor", "foreach"])
