@@ -19,6 +19,12 @@ the two trees alternating, so both see the same machine:
 
 The older tree is `git archive <rev>` unpacked in a temporary folder. Results go to
 outputs/bench_startup/results.json.
+
+`--phases` instead runs the 10-device case once, in a fresh process of this tree with timers
+wrapped around its steps, and prints where its wall time goes (imports, the MLflow store, the
+role building, the simulation, the written outputs):
+
+    python experiments/bench_startup.py --phases
 """
 
 from __future__ import annotations
@@ -68,6 +74,67 @@ print(time.perf_counter() - t0)
 }
 
 
+PHASES = r"""
+import sys, time
+t_start = time.perf_counter()
+spent = []
+
+
+def timed(label, fn):
+    def wrapper(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            spent.append((label, time.perf_counter() - t))
+    return wrapper
+
+
+def imported(label, name):
+    t = time.perf_counter()
+    __import__(name)
+    spent.append((label, time.perf_counter() - t))
+
+
+imported("import framework's CLI (no torch)", "framework.cli")
+imported("import torch", "torch")
+imported("import framework.job (torch already in)", "framework.job")
+imported("import mlflow", "mlflow")
+import framework.cli as cli, framework.job as job, framework.tracking as tracking
+
+tracking.client_and_experiment = timed("MLflow client and experiment (the store's modules)", tracking.client_and_experiment)
+job.build_scheduler = timed("build the scheduler and its roles", job.build_scheduler)
+job.Job.train = timed("Job.train (the simulation)", job.Job.train)
+job.Job._write_outputs = timed("Job._write_outputs (timeline.png, summary, model)", job.Job._write_outputs)
+sys.argv = ["framework", *sys.argv[1:]]
+try:
+    cli.main()
+except SystemExit as e:
+    if e.code not in (0, None):
+        raise
+total = time.perf_counter() - t_start
+for label, s in spent:
+    print(f"{s:8.3f} s  {label}")
+print(f"{total - sum(s for _, s in spent):8.3f} s  the rest (Hydra, validation, the run's MLflow records)")
+print(f"{total:8.3f} s  in the process, after the interpreter started")
+"""
+
+
+def phases(tmp: Path) -> None:
+    """Where a 10-device timing-only run's wall time goes, in a fresh process of this tree."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
+    argv = [a.replace("TREE", "phases").replace("RUN", "phases-run") for a in cli_cases(tmp)["timing_only_10_devices"]]
+    timed([sys.executable, "-m", "framework", *argv], ROOT, env)  # the store exists, as for a user's next run
+    argv = [a.replace("phases-run", "phases-run2") for a in argv]
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", PHASES, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise RuntimeError(f"the timed run failed:\n{res.stderr[-2000:]}")
+    print(f"a timing-only PiPar run of 10 devices, one torch thread, into an existing MLflow store: {wall:.3f} s wall")
+    print("\n".join(line for line in res.stdout.splitlines() if " s  " in line))
+
+
 def cli_cases(tmp: Path) -> dict[str, list[str]]:
     # PiPar: 10 devices and a server. (The default GPipe over LeNet's 5 units cannot have 10
     # stages: that is a config error, exit status 2, which this case once timed by mistake.)
@@ -112,7 +179,12 @@ def main() -> None:
     ap.add_argument("--before-rev", default=BEFORE_REV, help=f"the older commit (default {BEFORE_REV})")
     ap.add_argument("--before-tree", type=Path, help="an older checkout instead of --before-rev")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--phases", action="store_true", help="only: where one 10-device run's time goes")
     args = ap.parse_args()
+    if args.phases:
+        with tempfile.TemporaryDirectory(prefix="pipelab-bench-startup-") as tmpdir:
+            phases(Path(tmpdir))
+        return
 
     with tempfile.TemporaryDirectory(prefix="pipelab-bench-startup-") as tmpdir:
         tmp = Path(tmpdir)
