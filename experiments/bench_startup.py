@@ -122,12 +122,10 @@ print(f"{total:8.3f} s  in the process, after the interpreter started")
 
 def phases(tmp: Path) -> None:
     """Where a 10-device timing-only run's wall time goes, in a fresh process of this tree."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
-    argv = [a.replace("TREE", "phases").replace("RUN", "phases-run") for a in cli_cases(tmp)["timing_only_10_devices"]]
-    timed([sys.executable, "-m", "framework", *argv], ROOT, env)  # the store exists, as for a user's next run
-    argv = [a.replace("phases-run", "phases-run2") for a in argv]
+    env = env_of(ROOT)
+    timed([sys.executable, "-m", "framework", *argv_of(tmp, "timing_only_10_devices", "ours", "warm")], ROOT, env)  # the store exists, as for a user's next run
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", PHASES, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, "-c", PHASES, *argv_of(tmp, "timing_only_10_devices", "ours", "phases")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise RuntimeError(f"the timed run failed:\n{res.stderr[-2000:]}")
@@ -149,6 +147,16 @@ def cli_cases(tmp: Path) -> dict[str, list[str]]:
 
 
 EXIT_STATUS = {"bad_override": 2}  # every other case must succeed
+
+
+def env_of(tree: Path) -> dict:
+    """A fresh process of `tree`'s framework, one torch thread."""
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+
+
+def argv_of(tmp: Path, case: str, tree_name: str, r) -> list[str]:
+    """`case`'s arguments for one tree's run `r`: a store per tree (TREE) or per run (STORE), a run folder per run."""
+    return [a.replace("TREE", f"{tree_name}-store").replace("STORE", f"{tree_name}{r}").replace("RUN", f"{tree_name}-run{r}") for a in cli_cases(tmp)[case]]
 
 
 def timed(cmd: list[str], cwd: Path, env: dict, expect: int = 0) -> float:
@@ -190,20 +198,13 @@ def main() -> None:
         tmp = Path(tmpdir)
         trees = {"ours": ROOT, "before": args.before_tree or unpack(args.before_rev, tmp / "before")}
         results: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
-
-        def env_of(tree: Path) -> dict:
-            return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-
-        def argv_of(case: str, name: str, r) -> list[str]:
-            return [a.replace("TREE", f"{name}-store").replace("STORE", f"{name}{r}").replace("RUN", f"{name}-run{r}") for a in cli_cases(tmp)[case]]
-
         for name, tree in trees.items():  # untimed: each tree's store exists before the timed runs into it
-            timed([sys.executable, "-m", "framework", *argv_of("timing_only_10_devices", name, "warm")], tree, env_of(tree))
+            timed([sys.executable, "-m", "framework", *argv_of(tmp, "timing_only_10_devices", name, "warm")], tree, env_of(tree))
         for r in range(args.repeats):
             for name, tree in trees.items():
                 env = env_of(tree)
                 for case in cli_cases(tmp):
-                    cmd = [sys.executable, "-m", "framework", *argv_of(case, name, r)]
+                    cmd = [sys.executable, "-m", "framework", *argv_of(tmp, case, name, r)]
                     results[name].setdefault(case, []).append(timed(cmd, tree, env, EXIT_STATUS.get(case, 0)))
                 for case, code in IN_PROCESS.items():
                     results[name].setdefault(case, []).append(in_process(code, tree, env))
