@@ -113,3 +113,24 @@ def test_numba_is_imported_only_by_runs_that_encode(tmp_path):
         assert "gpipe:" in res.stdout, res.stderr[-2000:]
         seen[numerics] = [line for line in res.stderr.splitlines() if line.startswith("HEAVY:")]
     assert seen == {"false": ["HEAVY:"], "true": ["HEAVY:numba"]}
+
+
+def test_hydra_composes_once_unless_the_mode_may_be_set(monkeypatch, tmp_path):
+    """The compose Hydra does only to read `hydra.mode` is skipped, except where the mode may be
+    set: on the command line, in another config folder, or by a YAML file in conf/."""
+    from hydra._internal.hydra import Hydra
+
+    from framework import cli
+
+    real = Hydra.get_mode
+    monkeypatch.setattr(Hydra, "get_mode", real)  # restored after the test
+    for args in (["hydra.mode=MULTIRUN", "scheduler=gpipe"], ["-cd", str(tmp_path)], ["--config-name=other"], ["hydra.searchpath=[file://x]"]):
+        cli._skip_hydra_mode_compose(args)
+        assert Hydra.get_mode is real, args
+    (tmp_path / "sweep.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
+    monkeypatch.setattr(cli, "CONF_DIR", str(tmp_path))
+    cli._skip_hydra_mode_compose(["scheduler=gpipe"])
+    assert Hydra.get_mode is real
+    monkeypatch.setattr(cli, "CONF_DIR", str(REPO / "conf"))
+    cli._skip_hydra_mode_compose(["scheduler=gpipe", "-m"])
+    assert Hydra.get_mode is not real and Hydra.get_mode(None, "config", []) is None
