@@ -231,6 +231,19 @@ def save(run_dir, bag: Bag) -> Path:
     return final
 
 
+def record_run_id(run_dir, run_id: str) -> None:
+    """Put the MLflow run's id into the checkpoint in `run_dir` (one taken before the id was
+    known), atomically: meta.json is replaced whole."""
+    path = Path(run_dir) / DIR / "meta.json"
+    meta = json.loads(path.read_text())
+    if meta.get("mlflow_run_id") == run_id:
+        return
+    meta["mlflow_run_id"] = run_id
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, path)
+
+
 def exists(run_dir) -> bool:
     return (Path(run_dir) / DIR / "meta.json").is_file()
 

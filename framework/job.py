@@ -240,7 +240,9 @@ class Job(RuntimeHooks):
             return
         bag.meta["compressor"] = self.compressor.checkpoint(bag, "compressor")
         bag.meta["job"] = {name: getattr(self, name) for name in self.RECORDS}
-        bag.meta.update(epoch=epoch, config=self._fingerprint, mlflow_run_id=self.tracker.run_id)
+        # the MLflow run's id if the tracker has it (a recorder may still be starting: the run does
+        # not wait for it; `_write_outputs` adds it to the last checkpoint then)
+        bag.meta.update(epoch=epoch, config=self._fingerprint, mlflow_run_id=self.tracker.known_run_id)
         path = ck.save(self.out_dir, bag)
         self.tracker.log_artifacts(path, ck.DIR)
 
@@ -409,20 +411,25 @@ class Job(RuntimeHooks):
             "messages_lost": rt.messages_lost,
             "dropouts": rt.dropouts,
             "processes": rt.process_stats,
-            "mlflow_run_id": self.tracker.run_id,
+            "mlflow_run_id": None,  # below, once the tracker has it
         }
         metrics.update(extra.get("metrics", {}))
         summary.update(extra.get("summary", {}))
         if rt.dropouts:
             self.tracker.set_tag("pipelab.dropouts", ", ".join(f"{d['role']} (epoch {d['epoch']})" for d in rt.dropouts))
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
         tcfg = self.cfg.tracking
+        # the timeline first: a tracker that works in another process gets the time to finish
+        # starting the run (framework.tracking_process) before the summary asks for its id
         tl.save_chrome_trace(self.out_dir / "timeline.json", tcfg.max_trace_events)
         try:
             title = f"{self.cfg.scheduler.name}: first {tcfg.gantt_iterations} iteration(s)" + (f", bubble {bubble:.3f}" if tl.has_flushes() else "")
             tl.save_gantt(self.out_dir / "timeline.png", tcfg.gantt_iterations, title=title)
         except Exception as e:  # a plot must never hide the run's real outcome
             print(f"warning: could not draw timeline.png: {e}", file=sys.stderr)
+        summary["mlflow_run_id"] = run_id = self.tracker.run_id
+        if run_id is not None and self.checkpointing and ck.exists(self.out_dir):
+            ck.record_run_id(self.out_dir, run_id)  # a checkpoint taken before the id was known
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
         for k, v in metrics.items():
             if isinstance(v, (int, float)) and math.isfinite(v) and self._last_step.get(k) != self.iterations:  # once per step
                 self.tracker.log_metric(k, v, self.iterations)

@@ -161,19 +161,12 @@ def _declare_kind(client, exp) -> None:
         print(f"warning: could not tag experiment {exp.name!r} as model training: {e}", file=sys.stderr)
 
 
-def dataset_inputs(dataset) -> list:
-    """A `framework.data.Dataset` as MLflow dataset inputs, one per split, each tagged with its
-    context (`mlflow.data.context`: `train`, `val`, `test`): named after the dataset, the digest of
-    the split's tensors (`Dataset.digest`), its source as MLflow's `{"uri": ...}` JSON (type
-    `local` for a file, `code` for generated data such as `synthetic:seed=0`), a tensor schema as
-    `mlflow.data.from_numpy` writes one (`mlflow_tensorspec`) and a profile (split, sizes, shapes,
-    classes). An empty split (`dataset.n_val=0`) is no input: it holds no data to record."""
-    from mlflow.data.schema import TensorDatasetSchema
-    from mlflow.entities import Dataset as MlflowDataset
-    from mlflow.entities import DatasetInput, InputTag
-    from mlflow.types.schema import Schema, TensorSpec
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
+def dataset_records(dataset) -> list[dict]:
+    """A `framework.data.Dataset` as plain data, one record per split, ready for `dataset_inputs`
+    (in this process or in the recorder, `framework.tracking_process`): its name, the digest of the
+    split's tensors (`Dataset.digest`), its source, the numpy dtypes and shapes of features and
+    targets, and a profile (split, sizes, shapes, classes). An empty split (`dataset.n_val=0`) has
+    no record: it holds no data to record."""
     from framework.data import SPLITS
 
     out = []
@@ -181,20 +174,46 @@ def dataset_inputs(dataset) -> list:
         x, y = dataset.split(split)
         if len(x) == 0:
             continue
-        source = dataset.source(split)
+        out.append({
+            "split": split,
+            "name": dataset.name,
+            "digest": dataset.digest(split),
+            "source": dataset.source(split),
+            "features": [str(x[:0].detach().cpu().numpy().dtype), [-1, *x.shape[1:]]],
+            "targets": [str(y[:0].detach().cpu().numpy().dtype), [-1, *y.shape[1:]]],
+            "profile": {"split": split, **dataset.profile(split)},
+        })
+    return out
+
+
+def dataset_inputs(records: list[dict]) -> list:
+    """`dataset_records` as MLflow dataset inputs, each tagged with its context
+    (`mlflow.data.context`: `train`, `val`, `test`): the source as MLflow's `{"uri": ...}` JSON
+    (type `local` for a file, `code` for generated data such as `synthetic:seed=0`) and a tensor
+    schema as `mlflow.data.from_numpy` writes one (`mlflow_tensorspec`)."""
+    import numpy as np
+    from mlflow.data.schema import TensorDatasetSchema
+    from mlflow.entities import Dataset as MlflowDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.types.schema import Schema, TensorSpec
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    out = []
+    for r in records:
+        (x_dtype, x_shape), (y_dtype, y_shape) = r["features"], r["targets"]
         schema = TensorDatasetSchema(
-            features=Schema([TensorSpec(x[:0].detach().cpu().numpy().dtype, (-1, *x.shape[1:]))]),
-            targets=Schema([TensorSpec(y[:0].detach().cpu().numpy().dtype, (-1, *y.shape[1:]))]),
+            features=Schema([TensorSpec(np.dtype(x_dtype), tuple(x_shape))]),
+            targets=Schema([TensorSpec(np.dtype(y_dtype), tuple(y_shape))]),
         )
         entity = MlflowDataset(
-            name=dataset.name,
-            digest=dataset.digest(split),
-            source_type="local" if os.path.isabs(source) else "code",
-            source=json.dumps({"uri": source}),
+            name=r["name"],
+            digest=r["digest"],
+            source_type="local" if os.path.isabs(r["source"]) else "code",
+            source=json.dumps({"uri": r["source"]}),
             schema=json.dumps(schema.to_dict()),
-            profile=json.dumps({"split": split, **dataset.profile(split)}),
+            profile=json.dumps(r["profile"]),
         )
-        out.append(DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, split)]))
+        out.append(DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, r["split"])]))
     return out
 
 
@@ -217,12 +236,26 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 @register("tracking", "mlflow", schema=TrackingConfig)
+def mlflow_tracker(cfg, parent_run_id: str | None = None, run_name: str | None = None, tags: dict | None = None, resume_run_id: str | None = None):
+    """MLflow on a SQLite store; metrics batched.
+
+    Where the CLI started a recorder for this run (framework.tracking_process), MLflow works there,
+    beside the run; otherwise in this process (`MlflowTracker`). Both write the same records."""
+    from framework import tracking_process
+
+    recorder = tracking_process.take_recorder()
+    if recorder is not None:
+        return tracking_process.RemoteTracker(recorder, cfg, parent_run_id, run_name, tags, resume_run_id)
+    return MlflowTracker(cfg, parent_run_id, run_name, tags, resume_run_id)
+
+
 class MlflowTracker:
     """MLflow on a SQLite store; metrics batched."""
 
-    def __init__(self, cfg, parent_run_id: str | None = None, run_name: str | None = None, tags: dict | None = None, resume_run_id: str | None = None):
+    def __init__(self, cfg, parent_run_id: str | None = None, run_name: str | None = None, tags: dict | None = None, resume_run_id: str | None = None, process: dict | None = None):
         """`resume_run_id`: a stopped run that this one continues (`train.resume`); it goes on
-        as the same MLflow run if the store has it, else a new run is made."""
+        as the same MLflow run if the store has it, else a new run is made. `process`: the tags
+        naming the run's process (`faults.process_tags`), when that is not this one."""
         from mlflow.entities import Metric
 
         self._Metric = Metric
@@ -231,7 +264,7 @@ class MlflowTracker:
         from framework import faults
 
         faults.reap_orphans(self.client, self.experiment_id)  # runs left RUNNING by a SIGKILL
-        all_tags = {**(tags or {}), **faults.process_tags()}
+        all_tags = {**(tags or {}), **(process or faults.process_tags())}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
             num = job_num()
@@ -249,6 +282,11 @@ class MlflowTracker:
         self.run_id = run.info.run_id
         self._buffer: list = []
         self.ended = False
+
+    @property
+    def known_run_id(self) -> str | None:
+        """The run's id, if known without waiting (here it always is)."""
+        return self.run_id
 
     def _continued(self, run_id: str | None):
         if not run_id:
@@ -269,10 +307,17 @@ class MlflowTracker:
 
     def log_dataset(self, dataset) -> None:
         """The run's data (`framework.data.Dataset`) as MLflow dataset inputs, one per split."""
-        self.client.log_inputs(self.run_id, datasets=dataset_inputs(dataset))
+        self.log_dataset_records(dataset_records(dataset))
+
+    def log_dataset_records(self, records: list[dict]) -> None:
+        self.client.log_inputs(self.run_id, datasets=dataset_inputs(records))
 
     def log_metric(self, key: str, value: float, step: int = 0) -> None:
-        self._buffer.append(self._Metric(key, float(value), int(time.time() * 1000), int(step)))
+        self.log_metric_records([(key, value, int(time.time() * 1000), step)])
+
+    def log_metric_records(self, records) -> None:
+        """Metrics as (key, value, timestamp in ms, step), logged when they were measured."""
+        self._buffer.extend(self._Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in records)
         if len(self._buffer) >= self.cfg.flush_every:
             self.flush()
 
@@ -305,6 +350,7 @@ class NullTracker:
     """No tracking (the run still writes summary.json and its artifacts to the run directory)."""
 
     run_id = None
+    known_run_id = None
 
     def __init__(self, cfg, parent_run_id=None, run_name=None, tags=None, resume_run_id=None):
         self.cfg = cfg

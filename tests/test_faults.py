@@ -21,7 +21,8 @@ LONG = ["model=mlp", "train.epochs=200", "runtime.progress=false", "dataset.n_tr
 
 def _start(args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "framework", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # a session of its own: killpg reaches the run and its MLflow recorder (framework.tracking_process), nothing else
+    return subprocess.Popen([sys.executable, "-m", "framework", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
 def _wait_until_training(client, proc, timeout=120):
@@ -54,12 +55,35 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, mlflow_store):
     assert summary["status"] == "FAILED" and summary["iterations"] > 0
 
 
-def test_a_sigkilled_run_is_closed_by_the_next_run_on_the_store(tmp_path, mlflow_store):
+def test_a_sigkilled_run_is_closed_by_its_recorder(tmp_path, mlflow_store):
+    """SIGKILL of the run's process alone (the OOM killer picks one): its MLflow recorder reads
+    the end of its pipe and ends the run FAILED, saying why."""
     tracking, client = mlflow_store
     proc = _start(tracking + LONG + [f"hydra.run.dir={tmp_path / 'killed'}"], tmp_path)
     try:
         _wait_until_training(client, proc)
         proc.kill()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.time() + 60
+    while time.time() < deadline and all_runs(client)[0].info.status == "RUNNING":
+        time.sleep(0.2)
+    (run,) = all_runs(client)
+    assert run.info.status == "FAILED" and "its recorder" in run.data.tags["pipelab.reaped"], run.data.tags
+    assert str(proc.pid) == run.data.tags["pipelab.pid"]  # the run's process, not the recorder's
+    assert "time/epoch_virtual_s" in run.data.metrics  # what was sent before the kill is kept
+
+
+def test_a_sigkilled_run_is_closed_by_the_next_run_on_the_store(tmp_path, mlflow_store):
+    """SIGKILL of the run and its recorder (the whole process group): nobody can close the run
+    until the next run on the store finds its process gone."""
+    tracking, client = mlflow_store
+    proc = _start(tracking + LONG + [f"hydra.run.dir={tmp_path / 'killed'}"], tmp_path)
+    try:
+        _wait_until_training(client, proc)
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     finally:
         if proc.poll() is None:
