@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import difflib
+import gc
 import os
 import re
 import sys
@@ -18,7 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from framework import input_errors, registry
+from framework import input_errors, registry, tracking_process
 from framework.config import CONF_DIR, task_overrides, yaml_presets
 from framework.errors import PipelabError
 
@@ -37,6 +38,7 @@ def app(cfg: DictConfig) -> float | None:
             cfg = resumed_config(cfg, task_overrides())
             out_dir = cfg.train.resume
         job = Job(cfg, out_dir, overrides=task_overrides(), parent_run_id=parent_run_id(), sweep_keys=sweep_keys())
+        _collect_from_here()
         if job.resumed_epoch is not None:
             print(f"resuming {out_dir} after epoch {job.resumed_epoch} of {cfg.train.epochs}", file=sys.stderr)
         summary = job.run()
@@ -114,6 +116,20 @@ def _skip_hydra_group_listing() -> None:
     Hydra.format_config_groups = lambda self, predicate, compact=True: ""
 
 
+def _collect_from_here() -> None:
+    """Start-up runs with the cyclic garbage collector off (`main`): importing torch, MLflow and
+    Hydra allocates ~200,000 long-lived objects, and the collections that set off traverse them
+    again and again (0.5 s of a 10-device run's CPU on 2 cores). Once the run is built, those
+    objects are frozen (later collections skip them: the run's own full collections stay cheap)
+    and collection starts. Start-up left ~22,000 unreachable objects, a few MB (measured with
+    gc.collect at this point, the same at K = 10 and 1,000): they stay, frozen, rather than
+    spending 0.25 s on a full collection to free them. Once per process: a sweep's later jobs
+    run with collection on, so nothing a job leaves is frozen."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 MODE_KEY = re.compile(r"^\s*mode\s*:\s*(RUN|MULTIRUN)\b", re.MULTILINE)
 OTHER_CONFIGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
 
@@ -134,6 +150,18 @@ def _skip_hydra_mode_compose(args: list[str]) -> None:
 
 
 def main() -> None:
+    gc.disable()  # until the run is built (_collect_from_here)
+    try:
+        _main()
+    finally:
+        # the interpreter's last collections would traverse every object torch and the run made,
+        # for nothing (0.7-1 s at exit, measured): frozen objects are skipped; atexit still runs
+        gc.freeze()
+
+
+def _main() -> None:
+    # a run's MLflow work starts now, in a forked recorder, beside the run (framework.tracking_process)
+    tracking_process.start(sys.argv[1:])
     try:
         # plugin schemas must be in the ConfigStore before Hydra composes, and their names known
         # before the overrides are checked (an installed plugin may bring options with no YAML)
