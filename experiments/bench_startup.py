@@ -21,8 +21,9 @@ The older tree is `git archive <rev>` unpacked in a temporary folder. Results go
 outputs/bench_startup/results.json.
 
 `--phases` instead runs the 10-device case once, in a fresh process of this tree with timers
-wrapped around its steps, and prints where its wall time goes (imports, the MLflow store, the
-role building, the simulation, the written outputs):
+wrapped around its steps, and prints where the run process's wall time goes (imports, the role
+building, the simulation, the written outputs, and how long it waits for MLflow's recorder,
+which imports MLflow and writes the records beside it: framework.tracking_process):
 
     python experiments/bench_startup.py --phases
 """
@@ -77,35 +78,46 @@ print(time.perf_counter() - t0)
 PHASES = r"""
 import sys, time
 t_start = time.perf_counter()
-spent = []
+spent = []  # (label, seconds, nested: inside another timed step)
 
 
-def timed(label, fn):
+def timed(label, fn, nested=False):
     def wrapper(*a, **kw):
         t = time.perf_counter()
         try:
             return fn(*a, **kw)
         finally:
-            spent.append((label, time.perf_counter() - t))
+            spent.append((label, time.perf_counter() - t, nested))
     return wrapper
 
 
 def imported(label, name):
     t = time.perf_counter()
     __import__(name)
-    spent.append((label, time.perf_counter() - t))
+    spent.append((label, time.perf_counter() - t, False))
 
 
 imported("import framework's CLI (no torch)", "framework.cli")
-imported("import torch", "torch")
-imported("import framework.job (torch already in)", "framework.job")
-imported("import mlflow", "mlflow")
-import framework.cli as cli, framework.job as job, framework.tracking as tracking
+import framework.cli as cli, framework.tracking_process as tp
 
-tracking.client_and_experiment = timed("MLflow client and experiment (the store's modules)", tracking.client_and_experiment)
-job.build_scheduler = timed("build the scheduler and its roles", job.build_scheduler)
-job.Job.train = timed("Job.train (the simulation)", job.Job.train)
-job.Job._write_outputs = timed("Job._write_outputs (timeline.png, summary, model)", job.Job._write_outputs)
+fork = tp.start
+
+
+def start(args):
+    # the run's process from here on (the recorder is forked inside `fork`, before torch): the
+    # steps that import torch are timed here, as the run would import them a moment later
+    fork(args)
+    imported("import torch", "torch")
+    imported("import framework.job (torch already in)", "framework.job")
+    import framework.job as job
+    job.build_scheduler = timed("build the scheduler and its roles", job.build_scheduler)
+    job.Job.train = timed("Job.train (the simulation)", job.Job.train)
+    job.Job._write_outputs = timed("Job._write_outputs (timeline.png, summary)", job.Job._write_outputs)
+    tp.Recorder.run_id = timed("  of which waiting for the recorder's MLflow run", tp.Recorder.run_id, nested=True)
+    tp.Recorder.close = timed("waiting for the recorder to write the last records", tp.Recorder.close)
+
+
+tp.start = start
 sys.argv = ["framework", *sys.argv[1:]]
 try:
     cli.main()
@@ -113,10 +125,10 @@ except SystemExit as e:
     if e.code not in (0, None):
         raise
 total = time.perf_counter() - t_start
-for label, s in spent:
+for label, s, nested in spent:
     print(f"{s:8.3f} s  {label}")
-print(f"{total - sum(s for _, s in spent):8.3f} s  the rest (Hydra, validation, the run's MLflow records)")
-print(f"{total:8.3f} s  in the process, after the interpreter started")
+print(f"{total - sum(s for _, s, nested in spent if not nested):8.3f} s  the rest (Hydra, validation, plugins)")
+print(f"{total:8.3f} s  in the run's process, after the interpreter started (MLflow works beside it, in its recorder)")
 """
 
 
