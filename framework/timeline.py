@@ -20,7 +20,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 
-GANTT_ROWS = 40  # beyond this many roles and links, a chart summarises (Timeline.save_gantt)
+from framework.gantt import GANTT_ROWS
 
 
 @dataclass
@@ -173,99 +173,7 @@ class Timeline:
             f.write('\n], "displayTimeUnit": "ms", "otherData": ' + json.dumps({"truncated": len(self.intervals) > max_events}) + "}\n")
 
     def save_gantt(self, path, iterations: int = 3, title: str = "", max_rows: int = GANTT_ROWS) -> None:
-        """A Gantt chart of the first `iterations` iterations: one row per role and link, in
-        time linear in the number of intervals. With more rows than `max_rows` (hundreds of
-        devices), it draws the first roles, the busiest ones and the roles that are not devices
-        (servers, aggregators), each with its links, and sums up the others in two rows: how
-        many of the other roles (links) are busy at each moment."""
-        # a Figure on its own Agg canvas, not pyplot: no global figure state, no backend
-        # selection, and 0.2 s less to import (measured, 2 cores)
-        from matplotlib.collections import PolyCollection
-        from matplotlib.figure import Figure
-        from matplotlib.patches import Rectangle
+        """timeline.png: the Gantt chart of the first `iterations` iterations (framework.gantt)."""
+        from framework.gantt import gantt_spec, render_gantt
 
-        ivs = [iv for iv in self.intervals if 0 <= iv.iteration < iterations] or self.intervals[:2000]
-        by_resource: dict[str, list] = defaultdict(list)
-        for iv in ivs:
-            by_resource[iv.resource].append(iv)
-        links = [l for l in self.links if l in by_resource]
-        roles, shown_links, rest_roles, rest_links = gantt_rows(self.roles, links, by_resource, max_rows)
-        rows = roles + shown_links + [""] * (bool(rest_roles) + bool(rest_links))  # summary labels below
-        colors = {"fwd": "#4C72B0", "bwd": "#DD8452", "step": "#55A868", "encode": "#CCB974", "decode": "#64B5CD", "send": "#8172B3", "lost": "#C44E52", "dup": "#DA8BC3"}
-        fig = Figure(figsize=(11, 0.45 * len(rows) + 1.4))
-        ax = fig.subplots()
-        # one collection of bars per kind for the whole chart (a collection per row and kind
-        # cost a 10-device chart 0.3 s more to draw)
-        bars: dict[str, list] = defaultdict(list)
-        for y, r in enumerate(roles + shown_links):
-            for iv in by_resource.get(r, ()):
-                if iv.end > iv.start:
-                    bars[iv.kind].append(((iv.start, y - 0.4), (iv.start, y + 0.4), (iv.end, y + 0.4), (iv.end, y - 0.4)))
-        for kind, verts in bars.items():
-            ax.add_collection(PolyCollection(verts, facecolors=colors.get(kind, "#937860"), edgecolors="white", linewidths=0.3))
-        ax.autoscale_view()
-        y = len(roles) + len(shown_links)
-        t_end = max((iv.end for iv in ivs), default=1.0)
-        for rest, what in ((rest_roles, "roles"), (rest_links, "links")):
-            if not rest:
-                continue
-            t, frac = busy_profile([iv for r in rest for iv in by_resource.get(r, ())], len(rest), t_end)
-            peak = float(frac.max()) if len(frac) else 0.0
-            # drawn to its own peak, so the shape shows even when each of them is rarely busy
-            ax.fill_between(t, y + 0.4 - 0.8 * frac / max(peak, 1e-12), y + 0.4, step="post", color="#7f7f7f", linewidth=0)
-            rows[y] = f"{len(rest)} other {what}: busy share (peak {100 * peak:.0f}%)"
-            y += 1
-        ax.set_yticks(range(len(rows)), rows)
-        ax.invert_yaxis()
-        ax.set_xlabel(f"{self.clock} time (s)")
-        handles = [Rectangle((0, 0), 1, 1, color=c) for k, c in colors.items()]
-        ax.legend(handles, list(colors), ncol=len(colors), loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
-        ax.set_title(title or f"first {iterations} iteration(s)", loc="left", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-
-
-
-def gantt_rows(roles: list[str], links: list[str], by_resource: dict, max_rows: int = GANTT_ROWS):
-    """(roles drawn, links drawn, roles summed up, links summed up). All of them when they fit.
-    Otherwise roles fall into families by name (`dev12` is a `dev`): a role alone in its family
-    (a server, an aggregator) is drawn; each large family gets an equal share of the rows, half
-    to its first members and half to its busiest; links are drawn where a drawn role's device
-    name is an end, up to the rows left."""
-    if len(roles) + len(links) <= max_rows:
-        return roles, links, [], []
-    families: dict[str, list[str]] = defaultdict(list)
-    for r in roles:
-        families[r.rstrip("0123456789") or r].append(r)
-    chosen = {members[0] for members in families.values() if len(members) == 1}
-    large = [members for members in families.values() if len(members) > 1]
-    share = max(2, (max_rows // 2 - len(chosen)) // max(1, len(large)))
-    for members in large:
-        first = members[: share // 2]
-        busy = {r: sum(iv.end - iv.start for iv in by_resource.get(r, ())) for r in members[share // 2 :]}
-        chosen.update(first, sorted(busy, key=lambda r: -busy[r])[: share - len(first)])
-    shown_roles = [r for r in roles if r in chosen]  # in their own order
-    shown_links = [l for l in links if any(end in chosen for end in l.split("->"))][: max(0, max_rows - 2 - len(shown_roles))]
-    return shown_roles, shown_links, [r for r in roles if r not in chosen], [l for l in links if l not in set(shown_links)]
-
-
-def busy_profile(intervals, n: int, t_end: float, bins: int = 600):
-    """(bin starts, fraction of `n` resources busy in each bin) over [0, t_end], in time linear in
-    the number of intervals. In bin units, the busy time before x is G(x) = sum over intervals of
-    ramp(x - start) - ramp(x - end) with ramp(u) = max(0, u); a bin's busy time is
-    G(b + 1) - G(b), and sum of ramp(x - p) over p < x is x * count - sum, from histograms."""
-    import numpy as np
-
-    width = max(t_end, 1e-12) / bins
-    x = np.arange(bins + 1)
-
-    def ramps(pos):
-        k = np.clip(np.floor(pos).astype(np.int64) + 1, 0, bins + 1)  # p < x  <=>  floor(p) + 1 <= x
-        count = np.cumsum(np.bincount(k, minlength=bins + 2)[: bins + 1])
-        total = np.cumsum(np.bincount(k, weights=pos, minlength=bins + 2)[: bins + 1])
-        return x * count - total
-
-    starts = np.fromiter((iv.start for iv in intervals), dtype=float) / width
-    ends = np.fromiter((iv.end for iv in intervals), dtype=float) / width
-    g = ramps(starts) - ramps(ends)
-    return x[:-1] * width, np.clip(np.diff(g) / max(n, 1), 0.0, 1.0)
+        render_gantt(gantt_spec(self, iterations, title, max_rows), path)

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from framework.cluster import Cluster
 from framework.errors import ConfigError
-from framework.timeline import Interval, Timeline, busy_profile, gantt_rows
+from framework.gantt import busy_profile, gantt_rows
+from framework.timeline import Interval, Timeline
 
 
 def cluster_cfg(n, **extra):
