@@ -8,9 +8,9 @@ imports torch and trains, then holds the run's real `MlflowTracker`. The run's t
 `RemoteTracker`: each call travels to the recorder as one JSON line over a pipe, in order, and the
 recorder calls `MlflowTracker` with it. Nothing is pickled; both sides run this same code.
 
-- Calls are sent, not awaited. Only `run_id` (first read when a checkpoint or the summary is
-  written) and `end` wait for the recorder; a writer thread sends, so a recorder still importing
-  never blocks the run on a full pipe.
+- Calls are sent, not awaited. Only `run_id` (read when the summary is written) and `end` wait
+  for the recorder. The pipe holds 1 MiB of calls (`_widen`), so a recorder still importing
+  MLflow does not hold the run up; no thread is needed to send.
 - An error in the recorder (a store that cannot be opened or written) stops its work and comes
   back to the run: `run_id` reads None, and `end` raises `TrackingError` after the run's outputs
   are written, so a broken store costs no results.
@@ -27,11 +27,9 @@ from __future__ import annotations
 import gc
 import json
 import os
-import queue
 import select
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -60,7 +58,11 @@ def start(args: list[str]) -> None:
     Call before torch is imported: the fork copies this process as it is."""
     global _recorder
     if _recorder is None and wanted(args):
-        _recorder = Recorder()
+        try:
+            _recorder = Recorder()
+        except OSError as e:  # no fork now (out of processes or memory): MLflow works in-process
+            print(f"note: MLflow records the run in its own process ({e})", file=sys.stderr)
+            return
         import atexit
 
         atexit.register(stop)
@@ -101,28 +103,22 @@ class Recorder:
         os.close(rep_w)
         self.pid = pid
         self._replies = os.fdopen(rep_r, "rb", buffering=0)  # unbuffered: `select` sees every reply
-        self._out: queue.SimpleQueue = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write, args=(os.fdopen(req_w, "wb"),), name="pipelab-recorder-writer", daemon=True)
-        self._writer.start()
+        _widen(req_w)
+        self._requests = os.fdopen(req_w, "wb")  # buffered: a flush writes a call whole
         self.error: str | None = None
         self.started_run_id: str | None = None
         self._closed = False
+        self._gone = False  # the recorder stopped reading (it died)
 
     def send(self, op: str, **fields) -> None:
-        self._out.put(json.dumps({"op": op, **fields}).encode() + b"\n")
-
-    def _write(self, pipe) -> None:
-        while (line := self._out.get()) is not None:
-            try:
-                pipe.write(line)
-                if self._out.empty():
-                    pipe.flush()
-            except (BrokenPipeError, OSError):  # the recorder is gone; `reply` says so
-                break
+        """One call, written whole; it waits only while the pipe is full (`_widen`)."""
+        if self._closed or self._gone:
+            return
         try:
-            pipe.close()
-        except OSError:
-            pass
+            self._requests.write(json.dumps({"op": op, **fields}).encode() + b"\n")
+            self._requests.flush()
+        except OSError:  # the recorder is gone: `reply` says so at the next wait
+            self._gone = True
 
     def reply(self, block: bool = True) -> dict | None:
         """The recorder's next reply (None without one waiting, when not `block`)."""
@@ -157,8 +153,7 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
-        self._out.put(None)
-        self._writer.join()
+        self._close_requests()
         while self.error is None and not (msg := self.reply()).get("ended"):
             self._take(msg)
         self._replies.close()
@@ -172,9 +167,15 @@ class Recorder:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        self._out.put(None)
+        self._close_requests()
         self._replies.close()
         self._reap()
+
+    def _close_requests(self) -> None:
+        try:
+            self._requests.close()  # the recorder reads the end of its calls
+        except OSError:  # its last flush met a recorder that is gone
+            pass
 
     def _reap(self) -> None:
         try:
@@ -252,6 +253,18 @@ class RemoteTracker:
         self._recorder.close()
         if self._recorder.error is not None:
             raise TrackingError(f"MLflow could not record the run (tracking.uri={self.cfg.uri}): {self._recorder.error}")
+
+
+def _widen(fd: int) -> None:
+    """Room for 1 MiB of calls in the pipe (Linux; 64 KiB elsewhere), so the run writes on while
+    the recorder still imports MLflow: a run's first calls (params, dataset, config) take ~30 KB.
+    With the pipe full the run waits for the recorder, as it would wait on MLflow in-process."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+    except (ImportError, AttributeError, OSError):  # not Linux, or above /proc/sys/fs/pipe-max-size
+        pass
 
 
 def snapshot(folder) -> str:
