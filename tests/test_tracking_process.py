@@ -100,3 +100,14 @@ def test_ctrl_c_reaches_the_run_not_the_recorder(tmp_path, mlflow_store):
     (run,) = all_runs(client)
     assert run.info.status == "FAILED" and "pipelab.reaped" not in run.data.tags
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["mlflow_run_id"] == run.info.run_id
+
+
+def test_which_commands_get_a_recorder(monkeypatch):
+    from framework.tracking_process import ENV, wanted
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert wanted(["scheduler=pipar", "train.epochs=1"]) and wanted([])
+    for args in (["-m", "scheduler=gpipe,1f1b"], ["--multirun"], ["--help"], ["--plugins"], ["--cfg", "job"], ["--info"], ["tracking=none"]):
+        assert not wanted(args), args
+    monkeypatch.setenv(ENV, "0")
+    assert not wanted(["scheduler=pipar"])
