@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.test_cli_and_tracking import REPO, TINY, all_runs, cli
+from tests.test_faults import LONG, _start, _wait_until_training
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the recorder is forked (POSIX)")
 
@@ -84,13 +85,9 @@ def test_ctrl_c_reaches_the_run_not_the_recorder(tmp_path, mlflow_store):
     """Ctrl-C in a terminal signals the whole process group: the run ends FAILED through its own
     handling (one line), and the recorder, ignoring the signal, writes that."""
     tracking, client = mlflow_store
-    long = ["model=mlp", "train.epochs=200", "runtime.progress=false", "dataset.n_train=512", "dataset.n_val=64", "dataset.n_test=64"]
-    proc = subprocess.Popen([sys.executable, "-m", "framework", *tracking, *long, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
-                            env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = _start(tracking + LONG + [f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)  # its own process group
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and not any("time/epoch_virtual_s" in r.data.metrics for r in all_runs(client)):
-            time.sleep(0.3)
+        _wait_until_training(client, proc)
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
