@@ -10,7 +10,6 @@ the data. (Drawing it in the MLflow recorder, beside the run, was measured: no f
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 
 GANTT_ROWS = 40  # beyond this many roles and links, a chart summarises
@@ -43,16 +42,6 @@ def gantt_spec(timeline, iterations: int = 3, title: str = "", max_rows: int = G
             summaries.append({"row": len(rows), "t": t.tolist(), "frac": frac.tolist(), "peak": peak})
             rows.append(f"{len(rest)} other {what}: busy share (peak {100 * peak:.0f}%)")
     return {"rows": rows, "bars": dict(bars), "summaries": summaries, "clock": timeline.clock, "title": title or f"first {iterations} iteration(s)"}
-
-
-def draw(spec: dict, path) -> bool:
-    """`render_gantt`, or a warning: a plot must never hide the run's real outcome."""
-    try:
-        render_gantt(spec, path)
-        return True
-    except Exception as e:
-        print(f"warning: could not draw {path}: {type(e).__name__}: {e}", file=sys.stderr)
-        return False
 
 
 def render_gantt(spec: dict, path) -> None:

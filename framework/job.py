@@ -19,7 +19,6 @@ import torch
 from omegaconf import OmegaConf
 
 from framework import checkpoint as ck
-from framework import gantt
 from framework.errors import ConfigError
 from framework import registry
 from framework.cluster import Cluster
@@ -425,7 +424,7 @@ class Job(RuntimeHooks):
         tl.save_chrome_trace(self.out_dir / "timeline.json", tcfg.max_trace_events)
         try:
             title = f"{self.cfg.scheduler.name}: first {tcfg.gantt_iterations} iteration(s)" + (f", bubble {bubble:.3f}" if tl.has_flushes() else "")
-            gantt.draw(gantt.gantt_spec(tl, tcfg.gantt_iterations, title), self.out_dir / "timeline.png")
+            tl.save_gantt(self.out_dir / "timeline.png", tcfg.gantt_iterations, title=title)
         except Exception as e:  # a plot must never hide the run's real outcome
             print(f"warning: could not draw timeline.png: {type(e).__name__}: {e}", file=sys.stderr)
         summary["mlflow_run_id"] = run_id = self.tracker.run_id
