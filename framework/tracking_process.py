@@ -131,22 +131,20 @@ class Recorder:
             msg = json.loads(line)
         if "error" in msg and self.error is None:
             self.error = msg["error"]
+        if "run_id" in msg:
+            self.started_run_id = msg["run_id"]
         return msg
 
     def run_id(self) -> str | None:
         """The MLflow run's id, once the recorder has made the run (None if it could not)."""
         while self.started_run_id is None and self.error is None:
-            self._take(self.reply())
+            self.reply()
         return self.started_run_id
 
     def check(self) -> None:
         """Take in any reply that has come (an error, the run's id), without waiting."""
-        while self.error is None and not self._closed and (msg := self.reply(block=False)) is not None:
-            self._take(msg)
-
-    def _take(self, msg: dict) -> None:
-        if "run_id" in msg:
-            self.started_run_id = msg["run_id"]
+        while self.error is None and not self._closed and self.reply(block=False) is not None:
+            pass
 
     def close(self) -> None:
         """Send the end of the calls and wait until the recorder has done them all and exited."""
@@ -154,8 +152,8 @@ class Recorder:
             return
         self._closed = True
         self._close_requests()
-        while self.error is None and not (msg := self.reply()).get("ended"):
-            self._take(msg)
+        while self.error is None and not self.reply().get("ended"):
+            pass
         self._replies.close()
         self._reap()
 
@@ -223,10 +221,13 @@ class RemoteTracker:
         if len(self._buffer) >= self.cfg.flush_every:
             self.flush()
 
-    def flush(self) -> None:
+    def _send_metrics(self) -> None:
         if self._buffer:
             self._recorder.send("log_metric_records", records=self._buffer)
             self._buffer = []
+
+    def flush(self) -> None:
+        self._send_metrics()
         self._recorder.send("flush")
         self._recorder.check()
 
@@ -236,7 +237,7 @@ class RemoteTracker:
     def log_artifacts(self, folder, artifact_path: str) -> None:
         """A folder that the run replaces later (the checkpoint, at every epoch end) is logged as it
         is now: its files are hard-linked into a snapshot that the recorder logs and removes."""
-        self._recorder.send("log_artifacts", folder=snapshot(folder), artifact_path=artifact_path, remove=True)
+        self._recorder.send("log_artifacts", folder=snapshot(folder), artifact_path=artifact_path)
 
     def set_tag(self, key: str, value: str) -> None:
         self._recorder.send("set_tag", key=key, value=str(value))
@@ -246,9 +247,7 @@ class RemoteTracker:
         if self.ended:
             return
         self.ended = True
-        if self._buffer:
-            self._recorder.send("log_metric_records", records=self._buffer)
-            self._buffer = []
+        self._send_metrics()
         self._recorder.send("end", status=status)
         self._recorder.close()
         if self._recorder.error is not None:
@@ -349,7 +348,7 @@ def _loop(requests, replies) -> None:
         msg = json.loads(line)
         op = msg.pop("op")
         if failed and op != "end":
-            if op == "log_artifacts" and msg.get("remove"):
+            if op == "log_artifacts":  # a snapshot, made for this call alone
                 shutil.rmtree(msg["folder"], ignore_errors=True)
             continue
         try:
@@ -362,12 +361,11 @@ def _loop(requests, replies) -> None:
                     tracker.end("FAILED" if failed else msg["status"])
                 reply(ended=True)
                 return
-            elif op == "log_artifacts":  # a snapshot (`snapshot`): removed once logged
+            elif op == "log_artifacts":  # always a snapshot (`snapshot`): removed once logged
                 try:
                     tracker.log_artifacts(msg["folder"], msg["artifact_path"])
                 finally:
-                    if msg.get("remove"):
-                        shutil.rmtree(msg["folder"], ignore_errors=True)
+                    shutil.rmtree(msg["folder"], ignore_errors=True)
             elif op in CALLS:
                 getattr(tracker, op)(**msg)
             else:
