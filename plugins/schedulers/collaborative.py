@@ -87,6 +87,9 @@ class Collaborative(Scheduler):
             self.search_virtual_s = self.planner.search_cost()
             self._plan = None
         self.server_roles = self._server_roles()
+        # device -> its server role: every message of a split iteration asks (a scan of the
+        # sequential server's K devices per message made K = 10,000 quadratic)
+        self._server_role_of = {k: r for r, ks in self.server_roles.items() for k in ks}
 
     # ---- configuration ---------------------------------------------------------------------
 
@@ -176,10 +179,7 @@ class Collaborative(Scheduler):
         return {f"srv{k}": [k] for k in range(self.K)}
 
     def server_role_of(self, k: int) -> str:
-        for r, ks in self.server_roles.items():
-            if k in ks:
-                return r
-        raise KeyError(k)
+        return self._server_role_of[k]
 
     def role_devices(self) -> dict[str, str]:
         out = {f"dev{k}": self.devices[k] for k in range(self.K)}
