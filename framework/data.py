@@ -34,6 +34,21 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
 
+    @property
+    def has_inputs(self) -> bool:
+        """False for a timing-only run's data (`without_inputs`): inputs are shapes, labels real."""
+        return self.x_train.device.type != "meta"
+
+    def without_inputs(self) -> "Dataset":
+        """The same splits with each input tensor replaced by a meta tensor of its shape and dtype;
+        labels stay real (sharding and class counts read them). A timing-only run
+        (`runtime.numerics=false`) reads no input values: its forwards return shapes and its
+        messages carry shapes. At K = 10,000 devices the values would be 3 GB."""
+        if not self.has_inputs:
+            return self
+        meta = lambda x: torch.empty(x.shape, dtype=x.dtype, device="meta")  # noqa: E731
+        return Dataset(self.name, meta(self.x_train), self.y_train, meta(self.x_val), self.y_val, meta(self.x_test), self.y_test, self.num_classes, dict(self.sources))
+
     def source(self, split: str) -> str:
         self.split(split)  # an unknown split is an error here too
         return self.sources.get(split) or f"plugin:{self.name}"
@@ -41,13 +56,19 @@ class Dataset:
     def digest(self, split: str) -> str:
         """XXH3-64 (hex) of one split's inputs and labels: their dtypes, shapes and bytes. Equal
         data give equal digests in every process; a cast (float64) or one changed sample does not.
-        Cheap: one pass over the bytes, no copy for the contiguous CPU tensors datasets hold."""
+        Cheap: one pass over the bytes, no copy for the contiguous CPU tensors datasets hold.
+        Inputs without values (`without_inputs`) add their dtype and shape alone, marked as such:
+        such a digest names the labels and shapes a timing-only run read, and never equals a
+        digest of values."""
         import xxhash
 
         h = xxhash.xxh3_64()
         for t in self.split(split):
-            t = t.detach().cpu().contiguous()
             h.update(f"{t.dtype}{list(t.shape)};".encode())
+            if t.device.type == "meta":
+                h.update(b"no values;")
+                continue
+            t = t.detach().cpu().contiguous()
             h.update(t.reshape(-1).view(torch.uint8).numpy())  # the raw bytes, whatever the dtype
         return h.hexdigest()
 
@@ -55,26 +76,31 @@ class Dataset:
         """What one split holds: sample count, per-sample input shape and dtype, classes and the
         samples per class."""
         x, y = self.split(split)
-        return {
+        out = {
             "num_samples": len(x),
             "input_shape": list(x.shape[1:]),
             "input_dtype": str(x.dtype).removeprefix("torch."),
             "num_classes": self.num_classes,
             "class_counts": torch.bincount(y.long(), minlength=self.num_classes).tolist(),
         }
+        if x.device.type == "meta":
+            out["input_values"] = False  # a timing-only run's data: shapes and labels
+        return out
 
     def to(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> "Dataset":
-        """Inputs cast to `dtype` (labels stay int64), everything moved to `device`."""
+        """Inputs cast to `dtype` (labels stay int64), everything moved to `device`; inputs
+        without values stay meta tensors."""
         device = torch.device(device)
-        if self.x_train.dtype == dtype and self.x_train.device == device:
+        x_device = device if self.has_inputs else self.x_train.device
+        if self.x_train.dtype == dtype and self.x_train.device == x_device and self.y_train.device == device:
             return self
         return Dataset(
             self.name,
-            self.x_train.to(device, dtype),
+            self.x_train.to(x_device, dtype),
             self.y_train.to(device),
-            self.x_val.to(device, dtype),
+            self.x_val.to(x_device, dtype),
             self.y_val.to(device),
-            self.x_test.to(device, dtype),
+            self.x_test.to(x_device, dtype),
             self.y_test.to(device),
             self.num_classes,
             dict(self.sources),
@@ -170,7 +196,14 @@ def _gamma(conc: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return out
 
 
-def build_dataset(cfg) -> Dataset:
+def build_dataset(cfg, *, inputs: bool = True) -> Dataset:
+    """The `cfg.name` dataset plugin's data. `inputs=False` (timing-only runs) gives the data
+    `without_inputs`; a plugin registered with `keywords=("inputs",)` is asked for it, and then
+    need not make the values at all (the synthetic sets draw the labels alone)."""
     from framework import registry
 
-    return registry.build("dataset", cfg)
+    if inputs:
+        return registry.build("dataset", cfg)
+    if "inputs" in registry.entry("dataset", cfg.name).keywords:
+        return registry.build("dataset", cfg, inputs=False).without_inputs()
+    return registry.build("dataset", cfg).without_inputs()

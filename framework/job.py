@@ -22,6 +22,7 @@ from framework import checkpoint as ck
 from framework.errors import ConfigError
 from framework import registry
 from framework.cluster import Cluster
+from framework.data import build_dataset
 from framework.config import swept_overrides
 from framework.models import build_model
 from framework.runtime.base import RuntimeHooks
@@ -66,7 +67,7 @@ def build_scheduler(cfg, *, role: str | None = None, plan: dict | None = None):
         torch.set_num_threads(int(cfg.runtime.threads))
     torch.manual_seed(cfg.seed)
     device = torch_device(cfg.runtime)
-    dataset = registry.build("dataset", cfg.dataset).to(dtype, device)
+    dataset = build_dataset(cfg.dataset, inputs=bool(cfg.runtime.numerics)).to(dtype, device)  # timing-only: shapes
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device, dtype)
     cluster = Cluster(cfg.cluster, model, batch_size=cfg.train.batch_size, seed=cfg.seed, dtype=dtype)

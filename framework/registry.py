@@ -51,6 +51,9 @@ class Entry:
     schema: type | None
     doc: str
     target: str | None = None  # "module:attr" of a declared plugin
+    # optional keyword arguments the factory understands beyond its group's call, e.g. a
+    # dataset's `inputs=False` (framework.data.build_dataset): said at registration, not guessed
+    keywords: frozenset[str] = frozenset()
 
 
 _REGISTRY: dict[str, dict[str, Entry]] = {g: {} for g in GROUPS}
@@ -60,10 +63,11 @@ _DEFERRED: list[str] = []  # modules imported when first needed (defer_import)
 _deferred_done = 0
 
 
-def register(group: str, name: str, *, schema: type | None = None, doc: str | None = None):
+def register(group: str, name: str, *, schema: type | None = None, doc: str | None = None, keywords: tuple[str, ...] = ()):
     """Decorator: register `factory` (a class or function) as `name` in `group`.
 
-    `doc` (one line for `--plugins`) defaults to the schema's docstring, else the factory's."""
+    `doc` (one line for `--plugins`) defaults to the schema's docstring, else the factory's;
+    `keywords`: the optional keyword arguments it takes (`Entry.keywords`)."""
     if group not in _REGISTRY:
         raise ValueError(f"unknown registry group {group!r}; groups: {', '.join(GROUPS)}")
 
@@ -80,7 +84,8 @@ def register(group: str, name: str, *, schema: type | None = None, doc: str | No
         if text is None:
             text = factory.__doc__ or ""
         line = text.strip().splitlines()[0] if text.strip() else ""
-        _REGISTRY[group][name] = Entry(group, name, factory, schema, line)
+        declared = previous.keywords if previous is not None else frozenset()
+        _REGISTRY[group][name] = Entry(group, name, factory, schema, line, keywords=frozenset(keywords) | declared)
         if schema is not None:
             _store_schema(group, name, schema)
         return factory
@@ -88,10 +93,11 @@ def register(group: str, name: str, *, schema: type | None = None, doc: str | No
     return deco
 
 
-def declare(group: str, name: str, target: str, *, schema: type | None = None, doc: str) -> None:
+def declare(group: str, name: str, target: str, *, schema: type | None = None, doc: str, keywords: tuple[str, ...] = ()) -> None:
     """Register `name` in `group` without importing its code: `target` ("package.module:attr")
     is imported when the plugin is first built. `schema` must come from a module that imports no
-    heavy code (it goes to Hydra's ConfigStore now); `doc` is its line in `--plugins`."""
+    heavy code (it goes to Hydra's ConfigStore now); `doc` is its line in `--plugins`;
+    `keywords`: the optional keyword arguments the factory takes (`Entry.keywords`)."""
     if group not in _REGISTRY:
         raise ValueError(f"unknown registry group {group!r}; groups: {', '.join(GROUPS)}")
     if ":" not in target:
@@ -100,7 +106,7 @@ def declare(group: str, name: str, target: str, *, schema: type | None = None, d
     if previous is not None and previous.target != target:
         raise ValueError(f"{group} {name!r} is registered twice ({previous.target or previous.factory} and {target})")
     if previous is None:
-        _REGISTRY[group][name] = Entry(group, name, None, schema, doc.strip().splitlines()[0] if doc.strip() else "", target)
+        _REGISTRY[group][name] = Entry(group, name, None, schema, doc.strip().splitlines()[0] if doc.strip() else "", target, frozenset(keywords))
         if schema is not None:
             _store_schema(group, name, schema)
 
@@ -133,7 +139,7 @@ def _resolve(e: Entry) -> Entry:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as err:
         raise PipelabError(f"{e.group} {e.name!r}: cannot import {e.target}: {type(err).__name__}: {err}") from err
-    e = Entry(e.group, e.name, obj, e.schema, e.doc, e.target)
+    e = Entry(e.group, e.name, obj, e.schema, e.doc, e.target, e.keywords)
     _REGISTRY[e.group][e.name] = e
     return e
 

@@ -179,11 +179,17 @@ def dataset_records(dataset) -> list[dict]:
             "name": dataset.name,
             "digest": dataset.digest(split),
             "source": dataset.source(split),
-            "features": [str(x[:0].detach().cpu().numpy().dtype), [-1, *x.shape[1:]]],
-            "targets": [str(y[:0].detach().cpu().numpy().dtype), [-1, *y.shape[1:]]],
+            "features": [_numpy_dtype(x), [-1, *x.shape[1:]]],
+            "targets": [_numpy_dtype(y), [-1, *y.shape[1:]]],
             "profile": {"split": split, **dataset.profile(split)},
         })
     return out
+
+
+def _numpy_dtype(t) -> str:
+    import torch
+
+    return str(torch.empty(0, dtype=t.dtype).numpy().dtype)  # also for a meta tensor (no values)
 
 
 def dataset_inputs(records: list[dict]) -> list:

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 import plugins.datasets  # noqa: F401  (registers the datasets)
 from framework import registry
-from framework.data import batches, shard_indices
+from framework.data import batches, build_dataset, shard_indices
 from framework.errors import DataError
 from plugins.datasets import fashion_mnist as fm
 from plugins.datasets import synthetic
@@ -97,6 +97,23 @@ def test_synthetic_is_deterministic_in_seed(name):
     assert not torch.equal(a.y_train, c.y_train)
 
 
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_a_timing_only_build_draws_the_labels_alone(default_sets, name):
+    """`inputs=False` (runtime.numerics=false): the same labels as the full set, and inputs that
+    are meta tensors of the same shapes and dtype; the digest says so and differs."""
+    full = default_sets[name]
+    shapes = build_dataset(OmegaConf.structured(SCHEMAS[name]), inputs=False)
+    assert full.has_inputs and not shapes.has_inputs
+    for (x, y), (fx, fy) in zip(splits(shapes), splits(full)):
+        assert x.device.type == "meta" and x.shape == fx.shape and x.dtype == fx.dtype
+        assert torch.equal(y, fy)
+    for split in ("train", "val", "test"):
+        assert shapes.digest(split) != full.digest(split)
+        assert shapes.profile(split) == {**full.profile(split), "input_values": False}
+    assert shapes.to(torch.float64).x_train.device.type == "meta"  # a cast keeps no values
+    assert shapes.without_inputs() is shapes
+
+
 def test_synthetic_mnist_is_learnable_but_not_trivial(default_sets):
     # nearest class mean: well above chance (0.1), yet the noise and the several modes per class
     # keep it far from perfect
@@ -164,6 +181,17 @@ def test_fashion_mnist_parses_tiny_idx_files(tmp_path, compress):
     assert ds.y_val.tolist() == [5, 6, 7, 8, 9]  # held out from the end of the training file
     assert float(ds.x_train.min()) >= (0 - fm.MEAN) / fm.STD - 1e-6
     assert float(ds.x_train.max()) <= (1 - fm.MEAN) / fm.STD + 1e-6
+
+
+def test_a_plugin_without_the_inputs_keyword_is_built_and_stripped(tmp_path):
+    # fashion_mnist is not registered with keywords=("inputs",): it reads its files and the
+    # values are dropped, so a timing-only run of any dataset plugin holds no input values
+    assert "inputs" not in registry.entry("dataset", "fashion_mnist").keywords
+    tiny_fashion(tmp_path)
+    cfg = OmegaConf.merge(OmegaConf.structured(fm.FashionMnistConfig), {"root": str(tmp_path), "n_val": 5, "n_test": 10})
+    full, shapes = build_dataset(cfg), build_dataset(cfg, inputs=False)
+    for (x, y), (fx, fy) in zip(splits(shapes), splits(full)):
+        assert x.device.type == "meta" and x.shape == fx.shape and torch.equal(y, fy)
 
 
 def test_fashion_mnist_missing_root_names_the_fix(tmp_path):

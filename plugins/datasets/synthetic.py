@@ -35,22 +35,24 @@ from plugins.datasets.schemas import SyntheticCifar10Config, SyntheticConfig, Sy
 # factories
 
 
-def synthetic_mnist(cfg) -> Dataset:
+def synthetic_mnist(cfg, *, inputs: bool = True) -> Dataset:
     """MNIST-shaped class-conditional smooth patterns (1x28x28, 10 classes)."""
-    return make_synthetic(cfg, "synthetic_mnist")
+    return make_synthetic(cfg, "synthetic_mnist", inputs=inputs)
 
 
-def synthetic_cifar10(cfg) -> Dataset:
+def synthetic_cifar10(cfg, *, inputs: bool = True) -> Dataset:
     """CIFAR10-shaped class-conditional smooth patterns (3x32x32, 10 classes)."""
-    return make_synthetic(cfg, "synthetic_cifar10")
+    return make_synthetic(cfg, "synthetic_cifar10", inputs=inputs)
 
 
-def synthetic_har(cfg) -> Dataset:
+def synthetic_har(cfg, *, inputs: bool = True) -> Dataset:
     """HAR-like multichannel sinusoids with class-specific frequency/phase/amplitude (9x128, 6 classes)."""
-    return make_synthetic(cfg, "synthetic_har", sinusoids=True)
+    return make_synthetic(cfg, "synthetic_har", inputs=inputs, sinusoids=True)
 
 
-def make_synthetic(cfg, name: str, *, sinusoids: bool = False) -> Dataset:
+def make_synthetic(cfg, name: str, *, inputs: bool = True, sinusoids: bool = False) -> Dataset:
+    """`inputs=False`: the same labels, and inputs as meta tensors of their shape (a timing-only
+    run's data, `Dataset.without_inputs`): the labels are drawn first, so they do not depend on it."""
     shape = [int(d) for d in _get(cfg, "shape")]
     k = int(_get(cfg, "num_classes"))
     sizes = [int(_get(cfg, f"n_{s}")) for s in ("train", "val", "test")]
@@ -60,7 +62,9 @@ def make_synthetic(cfg, name: str, *, sinusoids: bool = False) -> Dataset:
     # labels first: balanced within every split (class c appears floor or ceil of n/k times)
     ys = [(torch.arange(n) % k)[torch.randperm(n, generator=g)] for n in sizes]
     y = torch.cat(ys)
-    if sinusoids:
+    if not inputs:
+        x = torch.empty((len(y), *shape), device="meta")
+    elif sinusoids:
         x = _sinusoids(cfg, shape, k, y, g)
     elif len(shape) >= 2:
         x = _images(cfg, shape, k, y, g)
@@ -69,7 +73,8 @@ def make_synthetic(cfg, name: str, *, sinusoids: bool = False) -> Dataset:
 
     # per-channel statistics only where dim 0 of a sample really is a channel axis
     per_channel = len(shape) >= 2 if sinusoids else len(shape) >= 3
-    x = _standardise(x, sizes[0], per_channel)
+    if inputs:
+        x = _standardise(x, sizes[0], per_channel)
     xs = torch.split(x, sizes)
     source = f"synthetic:seed={int(_get(cfg, 'seed', 0))}"  # the generator and its seed: nothing on disk
     return Dataset(name, xs[0], ys[0], xs[1], ys[1], xs[2], ys[2], k, {"train": source, "val": source, "test": source})
