@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from framework.cluster import Cluster
 from framework.errors import ConfigError
-from framework.gantt import busy_profile, gantt_rows
+from framework.gantt import COLORS, ROW, busy_profile, gantt_rows, gantt_spec, render_gantt
 from framework.timeline import Interval, Timeline
 
 
@@ -73,7 +73,40 @@ def test_the_trace_is_written_as_one_json_document_event_by_event(tmp_path):
     tl.add_role("dev0")
     tl.compute("dev0", "fwd", 0.0, 1.0, 0, 0, 0)
     tl.transfer("dev0->dev1", 1.0, 1.5, 1000, 0, 0)
+    tl.add_role('odd "role" \u00e9')  # names are JSON-quoted
+    tl.compute('odd "role" \u00e9', 'st"ep', 1.5, 1.75)
+    tl.compute("dev0", "bwd", 2, 3, 1, 2, 1)  # int times, as a runtime might give
     tl.save_chrome_trace(tmp_path / "t.json")
     assert json.loads((tmp_path / "t.json").read_text()) == json.loads(json.dumps(tl.chrome_trace()))
     tl.save_chrome_trace(tmp_path / "t1.json", max_events=1)
     assert json.loads((tmp_path / "t1.json").read_text())["otherData"] == {"truncated": True}
+
+
+def test_the_chart_draws_each_bar_where_its_interval_is(tmp_path):
+    from PIL import Image, ImageColor
+
+    tl = Timeline()
+    for r in ("dev0", "dev1"):
+        tl.add_role(r)
+    tl.compute("dev0", "fwd", 0.0, 0.5, 0, 0, 0)
+    tl.compute("dev0", "bwd", 0.5, 1.0, 0, 0, 0)
+    tl.compute("dev1", "step", 0.25, 0.25 + 1e-6, 0, -1, 0)  # far shorter than a pixel
+    tl.transfer("dev0->dev1", 0.5, 0.75, 100, 0, 0)
+    spec = gantt_spec(tl, title="t")
+    assert spec["rows"] == ["dev0", "dev1", "dev0->dev1"]
+    render_gantt(spec, tmp_path / "g.png")
+    img = Image.open(tmp_path / "g.png").convert("RGB")
+    rgb = {k: ImageColor.getrgb(c) for k, c in COLORS.items()}
+
+    def colors_in_row(row: int) -> set:
+        top = next(y for y in range(img.height) if sum(img.getpixel((x, y)) == (0, 0, 0) for x in range(img.width)) > img.width // 2)  # the frame
+        y = top + row * ROW + ROW // 2
+        return {img.getpixel((x, y)) for x in range(img.width)}
+
+    assert {rgb["fwd"], rgb["bwd"]} <= colors_in_row(0) and rgb["send"] not in colors_in_row(0)
+    assert rgb["step"] in colors_in_row(1)  # still one pixel wide
+    assert rgb["send"] in colors_in_row(2) and rgb["fwd"] not in colors_in_row(2)
+    # fwd is drawn left of bwd, as its interval is
+    y0 = next(y for y in range(img.height) if rgb["fwd"] in {img.getpixel((x, y)) for x in range(img.width)})
+    xs = {k: [x for x in range(img.width) if img.getpixel((x, y0)) == rgb[k]] for k in ("fwd", "bwd")}
+    assert max(xs["fwd"]) < min(xs["bwd"]) and abs(len(xs["fwd"]) - len(xs["bwd"])) <= 2
