@@ -7,7 +7,7 @@ Each run is a fresh `python -m framework` process (one torch thread, `tracking=n
 `cluster=pipar_wifi`, LeNet on the MNIST-shaped synthetic set with 96 samples per device and
 batch 32, so every device trains 3 iterations in its epoch, `runtime.numerics=false`. Reported
 per run: wall seconds (the whole process: imports, data, simulation, timeline.json and
-timeline.png), peak resident memory (the process's ru_maxrss), and the virtual time; and per
+timeline.png; Python's bytecode caches written, as in a user's installation), peak resident memory (the process's ru_maxrss), and the virtual time; and per
 scheduler the wall-time ratio between consecutive K, which linear growth keeps near the ratio
 of the K themselves (10). Results go to outputs/bench_scale/results.json.
 """
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def run(scheduler: str, k: int, out: Path) -> dict:
     args = [f"scheduler={scheduler}", "cluster=pipar_wifi", f"cluster.num_devices={k}", "model=lenet", "dataset=synthetic_mnist", f"dataset.n_train={96 * k}",
             "train.batch_size=32", "train.epochs=1", "runtime.numerics=false", "runtime.progress=false", "tracking=none", f"hydra.run.dir={out}"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="")  # bytecode caches, as an installation has
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "framework", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(proc.pid, 0)
