@@ -113,6 +113,22 @@ def test_a_run_records_its_splits_as_dataset_inputs(tmp_path, mlflow_store):
         assert got_same[split].digest == got[split].digest
 
 
+def test_a_timing_only_run_records_labels_and_shapes_but_no_input_values(tmp_path, mlflow_store):
+    # runtime.numerics=false makes no input values: the record says so, and its digest is that
+    # of the labels and shapes, never equal to the digest of the full data
+    tracking, client = mlflow_store
+    cfg = compose_cfg(tracking + TINY + ["scheduler=local", "runtime.numerics=false"], fast=False)
+    summary = Job(cfg, tmp_path / "run").run()
+    got = inputs_by_context(client, summary["mlflow_run_id"])
+    full = registry.build("dataset", cfg.dataset)
+    for split, ds in got.items():
+        profile = json.loads(ds.profile)
+        assert profile["input_values"] is False and profile["input_shape"] == [1, 28, 28]
+        assert ds.digest == full.without_inputs().digest(split) != full.digest(split)
+        spec = json.loads(ds.schema)["mlflow_tensorspec"]
+        assert json.loads(spec["features"]) == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 1, 28, 28]}}]
+
+
 def test_the_digest_follows_the_bytes(tmp_path):
     data = registry.build("dataset", compose_cfg(TINY).dataset)
     before = data.digest("train")
