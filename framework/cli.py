@@ -27,7 +27,7 @@ from framework.errors import PipelabError
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def app(cfg: DictConfig) -> float | None:
     from framework.job import Job
-    from framework.tracking import parent_run_id, sweep_keys
+    from framework.multirun import parent_run_id, sweep_keys
 
     hc = HydraConfig.get()
     out_dir = hc.runtime.output_dir

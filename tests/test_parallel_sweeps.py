@@ -376,7 +376,7 @@ def test_the_preset_study_goes_the_way_of_tracking_and_a_contrary_one_is_an_erro
     from hydra import compose, initialize_config_dir
 
     from framework.config import CONF_DIR
-    from framework.tracking import MultirunParent
+    from framework.multirun import MultirunParent
 
     def hydra_cfg(overrides):
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

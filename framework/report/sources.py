@@ -18,7 +18,8 @@ from pathlib import Path
 from framework.comparison import RunRecord, is_number
 from framework.config import SWEEP_KEYS_FILE
 from framework.errors import PipelabError
-from framework.tracking import flatten, mlflow_name, swept_keys
+from framework.multirun import swept_keys
+from framework.tracking import flatten, mlflow_name
 
 EPOCH_MEAN = "time/epoch_virtual_s (mean)"  # the mean over epochs: MLflow's latest value is the last epoch's only
 BYTES_TOTAL = "net/bytes (all links)"
