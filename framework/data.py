@@ -207,6 +207,6 @@ def build_dataset(cfg, *, inputs: bool = True) -> Dataset:
 
     if inputs:
         return registry.build("dataset", cfg)
-    if "inputs" in registry.entry("dataset", cfg.name).keywords:
+    if "inputs" in registry.declared("dataset", cfg.name).keywords:
         return registry.build("dataset", cfg, inputs=False).without_inputs()
     return registry.build("dataset", cfg).without_inputs()

@@ -242,7 +242,7 @@ def _unknown_key(key: str, parent, argv: list[str]) -> str:
     hint = f"; did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
     others = []
     if group:
-        others = [n for n in registry.names(group) if n != option and (s := registry.entry(group, n).schema) and leaf in {f.name for f in dataclasses.fields(s)}]
+        others = [n for n in registry.names(group) if n != option and (s := registry.declared(group, n).schema) and leaf in {f.name for f in dataclasses.fields(s)}]
     have = f"; {group}={', '.join(others)} {'has' if len(others) == 1 else 'have'} it" if others else ""
     return f"{head}{hint}{have} (keys of {where or 'the config'}: {', '.join(names)})"
 

@@ -193,9 +193,16 @@ def names(group: str) -> list[str]:
 
 
 def entry(group: str, name: str) -> Entry:
+    """`name`'s entry in `group` with its code imported (`factory` set)."""
+    return _resolve(declared(group, name))
+
+
+def declared(group: str, name: str) -> Entry:
+    """`name`'s entry in `group` as registered: its schema, doc and keywords, without importing
+    a declared plugin's code (what error messages and key checks need: no torch)."""
     load_plugins()
     try:
-        return _resolve(_REGISTRY[group][name])
+        return _REGISTRY[group][name]
     except KeyError:
         import difflib
 

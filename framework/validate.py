@@ -52,7 +52,7 @@ def check_known_keys(cfg) -> None:
             raise ConfigError(str(key), f"no such key{hint} (top-level keys: {', '.join(names)})")
     _check_keys(cfg.train, TrainConfig, "train.")
     for group in registry.GROUPS:
-        schema = registry.entry(group, cfg[group].name).schema if group != "cluster" else None
+        schema = registry.declared(group, cfg[group].name).schema if group != "cluster" else None
         _check_keys(cfg[group], schema or BASE_SCHEMAS[group], f"{group}.")
 
 
