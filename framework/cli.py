@@ -26,7 +26,6 @@ from framework.errors import PipelabError
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def app(cfg: DictConfig) -> float | None:
-    from framework.job import Job
     from framework.multirun import parent_run_id, sweep_keys
 
     hc = HydraConfig.get()
@@ -37,6 +36,12 @@ def app(cfg: DictConfig) -> float | None:
 
             cfg = resumed_config(cfg, task_overrides())
             out_dir = cfg.train.resume
+        else:
+            from framework.validate import validate
+
+            validate(cfg)  # config errors before torch is imported (the Job validates again: the API's way in)
+        from framework.job import Job
+
         job = Job(cfg, out_dir, overrides=task_overrides(), parent_run_id=parent_run_id(), sweep_keys=sweep_keys())
         _collect_from_here()
         if job.resumed_epoch is not None:

@@ -56,10 +56,9 @@ from typing import Any
 import torch
 
 from framework import profile_tables
-from framework.config import DeviceConfig, LinkConfig
+from framework.config import TIME_MODELS, DeviceConfig, LinkConfig
 from framework.errors import ConfigError
 
-TIME_MODELS = ("analytic", "profile", "measured", "table")
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ class DatasetConfig:
     seed: int = 0  # data generation / split seed (independent of the training seed)
 
 
+
+TIME_MODELS = ("analytic", "profile", "measured", "table")  # a device's time_model (framework.cluster)
+
 @dataclass
 class DeviceConfig:
     """One device's compute model. See framework/cluster.py for the time models."""

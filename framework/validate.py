@@ -57,10 +57,13 @@ def check_known_keys(cfg) -> None:
 
 
 def validate(cfg) -> None:
+    """Every check here reads the config and the registry's declared entries alone, so a config
+    error is reported before torch is imported (framework.cli runs it first); a plugin's own
+    combinations are checked when it is built."""
     for group in registry.GROUPS:
         if group == "cluster":
             continue  # cluster presets are data; their fields are checked by framework.cluster
-        registry.entry(group, cfg[group].name)
+        registry.declared(group, cfg[group].name)  # an unknown name fails here; the code is imported when built
     check_known_keys(cfg)
     validate_numbers.check(cfg)  # every number finite, every core knob in its range
     t = cfg.train
@@ -124,7 +127,7 @@ def check_runtime(cfg) -> None:
 
 def check_time_models(cluster) -> None:
     """`time_model` of the device template and of each device entry, named by the key it was set at."""
-    from framework.cluster import TIME_MODELS
+    from framework.config import TIME_MODELS
 
     entries = [("cluster.device", cluster.device)] + [(f"cluster.devices.{k}", v) for k, v in (cluster.devices or {}).items()]
     for where, node in entries:
