@@ -187,6 +187,7 @@ def test_a_plugin_without_the_inputs_keyword_is_built_and_stripped(tmp_path):
     # fashion_mnist is not registered with keywords=("inputs",): it reads its files and the
     # values are dropped, so a timing-only run of any dataset plugin holds no input values
     assert "inputs" not in registry.entry("dataset", "fashion_mnist").keywords
+    assert registry.entry("dataset", "synthetic_mnist").keywords == {"inputs"} == registry.declared("dataset", "synthetic_mnist").keywords  # kept when the code is imported
     tiny_fashion(tmp_path)
     cfg = OmegaConf.merge(OmegaConf.structured(fm.FashionMnistConfig), {"root": str(tmp_path), "n_val": 5, "n_test": 10})
     full, shapes = build_dataset(cfg), build_dataset(cfg, inputs=False)
