@@ -6,6 +6,7 @@ copied for each test that tracks.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -21,10 +22,55 @@ registry.load_plugins()
 FAST = ["runtime.progress=false", "tracking=none"]
 
 
-def compose_cfg(overrides=(), fast=True):
-    """The composed config for these overrides (as `python -m framework <overrides>` sees it)."""
+def _hydra_compose(overrides: list[str]):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=(FAST if fast else []) + list(overrides))
+        return compose(config_name="config", overrides=overrides)
+
+
+_BASES: dict[tuple, object] = {}  # the config of each tuple of group choices, composed once
+_CHOICE_KEYS = set(registry.GROUPS) | {"experiment"}
+
+
+def _is_choice(override: str) -> bool:
+    key = override.split("=", 1)[0].lstrip("+~")
+    return key in _CHOICE_KEYS or "/" in key or "@" in key
+
+
+def compose_cfg(overrides=(), fast=True):
+    """The composed config for these overrides (as `python -m framework <overrides>` sees it).
+
+    Hydra's compose costs 0.4 s, and the suite composes hundreds of times. Its result is the
+    config of the defaults list that the group choices (`scheduler=pipar`) select, with the
+    other overrides then applied in order (`ConfigLoaderImpl._apply_overrides_to_config`, as
+    Hydra's own loader does last): so the first part is composed once per tuple of choices and
+    deep-copied, and the rest applied as Hydra applies it. Overrides of `hydra.*`, and any that
+    fail this way, take Hydra's whole compose (which raises what a user would see).
+    PIPELAB_TEST_COMPOSE=hydra composes every config in full; =check does both and compares."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = (FAST if fast else []) + list(overrides)
+    mode = os.environ.get("PIPELAB_TEST_COMPOSE", "cached")
+    if mode == "hydra" or any(o.lstrip("+~").startswith("hydra") for o in overrides):
+        return _hydra_compose(overrides)
+    choices = tuple(o for o in overrides if _is_choice(o))
+    try:
+        if choices not in _BASES:
+            _BASES[choices] = _hydra_compose(list(choices))
+        cfg = copy.deepcopy(_BASES[choices])
+        values = [o for o in overrides if o not in choices]
+        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(values), cfg)
+    except Exception:
+        return _hydra_compose(overrides)
+    if mode == "check":
+        from omegaconf import OmegaConf
+
+        full = _hydra_compose(overrides)
+        assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(full), f"cached compose differs for {overrides}"
+        assert (OmegaConf.is_struct(cfg), OmegaConf.is_readonly(cfg)) == (OmegaConf.is_struct(full), OmegaConf.is_readonly(full)), overrides
+    return cfg
 
 
 @pytest.fixture(scope="session")
