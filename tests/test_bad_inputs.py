@@ -11,7 +11,7 @@ a case that were wrongly accepted would train quickly instead of failing the tes
 - `-m slow`: every row through the CLI.
 - docs/bad_inputs.md is the table of every row and its line, as printed (written with Hydra's
   compose API, as the CLI composes); the default suite checks that it is current, which also
-  checks the faster composition the default suite uses (CachedCompose) against it. Regenerate it
+  checks the faster composition the default suite uses (`tests.conftest.cached_compose`) against it. Regenerate it
   with `python -m tests.test_bad_inputs --table`.
 """
 
@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from framework.config import CONF_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "docs" / "bad_inputs.md"
@@ -226,42 +225,6 @@ def documented() -> dict[str, str]:
     return out
 
 
-class CachedCompose:
-    """Hydra's composition, faster for many rows: the config of a row's group choices
-    (`model=mlp`, ...) is composed once with Hydra's compose API, and the row's `key=value`
-    overrides are applied to a copy by the step of Hydra's composition that applies them
-    (`ConfigLoaderImpl._apply_overrides_to_config`), so they fail with Hydra's own exceptions.
-    The CLI rows and `-m slow` check the real composition."""
-
-    def __init__(self):
-        from framework import registry
-
-        registry.load_plugins()
-        self.groups = set(registry.GROUPS) | {"experiment"}
-        self.base: dict[tuple, object] = {}
-
-    def __call__(self, overrides):
-        import copy
-
-        from hydra import compose, initialize_config_dir
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        choices = tuple(o for o in overrides if o.split("=", 1)[0].lstrip("+~") in self.groups)
-        if choices not in self.base:
-            with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-                self.base[choices] = compose(config_name="config", overrides=list(choices))
-        cfg = copy.deepcopy(self.base[choices])
-        values = [o for o in overrides if o not in choices]
-        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(values), cfg)
-        return cfg
-
-
-@pytest.fixture(scope="module")
-def compose_cached():
-    return CachedCompose()
-
-
 @pytest.fixture(scope="module")
 def table():
     return documented()
@@ -275,10 +238,11 @@ def test_enough_rows_and_every_group():
 
 
 @pytest.mark.parametrize("args,needles", BAD_INPUTS, ids=[row_id(a) for a, _ in BAD_INPUTS])
-def test_bad_input_is_one_line_naming_the_key(compose_cached, table, args, needles):
+def test_bad_input_is_one_line_naming_the_key(table, args, needles):
     from framework.input_errors import check_args
+    from tests.conftest import cached_compose
 
-    line = check_args(BASE + args, compose_cached)
+    line = check_args(BASE + args, cached_compose)
     assert line is not None, f"{args} was accepted"
     assert "\n" not in line and "Traceback" not in line, line
     for n in needles:
