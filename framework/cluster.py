@@ -60,7 +60,6 @@ from framework.config import TIME_MODELS, DeviceConfig, LinkConfig
 from framework.errors import ConfigError
 
 
-
 @dataclass(frozen=True)
 class Work:
     """A piece of compute: `kind` in fwd/bwd/step over units [start, stop) at `batch` samples,

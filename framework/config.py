@@ -37,8 +37,8 @@ class DatasetConfig:
     seed: int = 0  # data generation / split seed (independent of the training seed)
 
 
-
 TIME_MODELS = ("analytic", "profile", "measured", "table")  # a device's time_model (framework.cluster)
+
 
 @dataclass
 class DeviceConfig:

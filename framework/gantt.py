@@ -62,8 +62,7 @@ def render_gantt(spec: dict, path) -> None:
     pad = 0.02 * (hi - lo)  # as matplotlib's default margins
     lo, hi = lo - pad, hi + pad
 
-    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    label_w = max((measure.textlength(r, font=font) for r in rows), default=0)
+    label_w = max((font.getlength(r) for r in rows), default=0)
     left, right, top, bottom = int(label_w) + 18, 24, 40, 52
     plot_w = max(WIDTH - left - right, 200)
     height = top + ROW * max(len(rows), 1) + bottom
@@ -104,7 +103,7 @@ def render_gantt(spec: dict, path) -> None:
     d.text((left, top - 8), spec["title"], font=font, fill="black", anchor="ld")
     x = left + plot_w  # the legend of the kinds drawn, right-aligned above the plot
     for kind in reversed([k for k in COLORS if k in spec["bars"]] + sorted(k for k in spec["bars"] if k not in COLORS)):
-        x -= measure.textlength(kind, font=font)
+        x -= font.getlength(kind)
         d.text((x, top - 8), kind, font=font, fill="black", anchor="ld")
         d.rectangle([x - 18, top - 19, x - 5, top - 10], fill=COLORS.get(kind, OTHER_COLOR))
         x -= 32

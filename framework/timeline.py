@@ -123,7 +123,8 @@ class Timeline:
         ivs = self.intervals
 
         def column(code: str, values) -> torch.Tensor:  # one typed array per field: no list per interval
-            return torch.frombuffer(array(code, values), dtype=torch.float64 if code == "d" else torch.int64) if ivs else torch.zeros(0, dtype=torch.float64 if code == "d" else torch.int64)
+            dtype = torch.float64 if code == "d" else torch.int64
+            return torch.frombuffer(array(code, values), dtype=dtype) if ivs else torch.zeros(0, dtype=dtype)  # frombuffer takes no empty buffer
 
         columns = bag.put(prefix, {
             "times": torch.stack([column("d", [iv.start for iv in ivs]), column("d", [iv.end for iv in ivs])], 1),
@@ -156,11 +157,18 @@ class Timeline:
 
     # ---- exports ------------------------------------------------------------------------
 
-    def _trace_events(self, max_events: int):
-        tids = {r: i for i, r in enumerate(self.roles + self.links)}
+    def _trace_rows(self) -> dict[str, int]:
+        return {r: i for i, r in enumerate(self.roles + self.links)}
+
+    def _trace_names(self, tids: dict[str, int]):
+        """The trace's metadata events: each row's name and the process's."""
         for r, tid in tids.items():
             yield {"ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": r}}
         yield {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": f"pipelab ({self.clock} time)"}}
+
+    def _trace_events(self, max_events: int):
+        tids = self._trace_rows()
+        yield from self._trace_names(tids)
         for iv in itertools.islice(self.intervals, max_events):
             args = {"iteration": iv.iteration, "microbatch": iv.microbatch}
             if iv.nbytes:
@@ -184,14 +192,9 @@ class Timeline:
                 out = quoted[text] = json.dumps(text)
             return out
 
-        tids = {r: i for i, r in enumerate(self.roles + self.links)}
+        tids = self._trace_rows()
         with open(path, "w") as f:
-            f.write('{"traceEvents": [')
-            n_meta = 0
-            for ev in self._trace_events(0):  # the names of rows and process
-                f.write(",\n" if n_meta else "\n")
-                f.write(json.dumps(ev))
-                n_meta += 1
+            f.write('{"traceEvents": [\n' + ",\n".join(json.dumps(ev) for ev in self._trace_names(tids)))  # never empty: the process's name
             lines = []
             for iv in itertools.islice(self.intervals, max_events):
                 name = iv.kind if iv.microbatch < 0 else f"{iv.kind} {iv.microbatch}"
