@@ -203,7 +203,11 @@ def _host_bytes(t: torch.Tensor):
 def _fetch_to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The bytes of every tensor not on the CPU, copied back as one block per device: a GPU
     run's checkpoint holds thousands of small tensors, and one copy each (with its
-    synchronisation) cost 0.3 s of a 64-device epoch on an H200."""
+    synchronisation) cost 0.3 s of a 64-device epoch on an H200. A CUDA block lands in pinned
+    (page-locked) memory: copied into ordinary memory, the 301 MB block of a 64-device FL VGG-5
+    checkpoint took 0.24 s of GPU time on an H100 (26 November, 1.2 GB/s), pinned it fell out of
+    the profile's top copies (under 10 ms); the buffer comes from torch's caching host allocator,
+    so later epochs reuse it."""
     by_device: dict = {}
     for name, t in tensors.items():
         if t.device.type != "cpu":
@@ -211,7 +215,14 @@ def _fetch_to_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for names in by_device.values():
         flat = [tensors[n].detach().contiguous().reshape(-1).view(torch.uint8) for n in names]
-        block = torch.cat(flat).cpu()
+        block = torch.cat(flat)
+        if block.device.type == "cuda":
+            host = torch.empty(block.numel(), dtype=torch.uint8, pin_memory=True)
+            host.copy_(block, non_blocking=True)
+            torch.cuda.current_stream(block.device).synchronize()
+            block = host
+        else:
+            block = block.cpu()
         out.update(zip(names, block.split([f.numel() for f in flat])))
     return out
 
