@@ -106,6 +106,7 @@ def one_run(args, scheduler: str, extra: list[str], profile: bool = False) -> tu
 def profiled(train, *a, **kw):
     """`train` under torch.profiler: prints the GPU's busy time, the kernels launched and the
     operators with the most host time."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -115,8 +116,11 @@ def profiled(train, *a, **kw):
         _synced()
     wall = time.perf_counter() - t0
     ops = prof.key_averages()
-    busy = sum(e.self_device_time_total for e in ops) / 1e6
-    kernels = sum(e.count for e in ops if e.self_device_time_total > 0)
+    # the device's own events (kernels, copies), as torch's table totals them: an operator's row
+    # repeats its kernels' time (summing every row counted the GPU's time twice)
+    on_device = [e for e in ops if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+    busy = sum(e.self_device_time_total for e in on_device) / 1e6
+    kernels = sum(e.count for e in on_device)
     print(f"profiled training: {wall:.3f} s wall under the profiler; GPU busy {busy:.3f} s in {kernels:,} kernels")
     print(ops.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
     if torch.cuda.is_available():
