@@ -77,6 +77,56 @@ def test_pipar_resumed_after_epoch_1_of_3_is_bit_identical_with_a_moved_cut(tmp_
     assert resumed["plan"] == full["plan"] and resumed["rounds"] == full["rounds"]
 
 
+def test_fl_devices_identical_models_are_stored_once_and_resume_bit_identical(tmp_path):
+    """After the round every device holds the aggregate: the checkpoint stores those weights once
+    (the others are aliases), keeps each device's own momentum, and the resumed run is the
+    uninterrupted one."""
+    ov = ["scheduler=fl", "cluster=pipar_wifi", "cluster.num_devices=3", "model=mlp", "dataset=synthetic_mnist"]
+    _stop_and_resume(tmp_path, ov)
+    meta = json.loads((tmp_path / "cut" / ck.DIR / "meta.json").read_text())
+    stored = load_file(tmp_path / "cut" / ck.DIR / "state.safetensors")
+    aliases = meta["aliases"]
+    assert aliases and not set(aliases) & set(stored) and set(aliases.values()) <= set(stored)
+    roles = ("dev0", "dev1", "dev2", "fed")
+    names = {k.split(".model.", 1)[1] for k in [*stored, *aliases] if ".model." in k}
+    assert names and not any("momentum_buffer" in k for k in aliases)  # each device's momentum is its own
+    for name in names:  # each weight once, whichever role the roles' order put first
+        keys = {f"runtime.role.{r}.model.{name}" for r in roles}
+        kept = keys & set(stored)
+        assert len(kept) == 1 and {k: aliases[k] for k in keys - kept} == dict.fromkeys(keys - kept, kept.pop()), name
+
+
+def test_identical_bits_under_one_name_are_stored_once_and_load_as_copies(tmp_path):
+    bag = ck.Bag()
+    w = torch.randn(4, 3)
+    zero, negzero = torch.zeros(5), torch.full((5,), -0.0)
+    bag.meta["a"] = bag.put("a", {"w": w, "b": zero, "n": torch.tensor([float("nan")])})
+    bag.meta["b"] = bag.put("b", {"w": w.clone(), "b": negzero, "n": torch.tensor([float("nan")])})  # -0.0 == 0.0, but not in bits
+    bag.meta["c"] = bag.put("c", {"other": w.clone(), "w": w + 1})  # same bits, another name; same name, other bits
+    assert ck.duplicates(bag) == {"b.w": "a.w", "b.n": "a.n"}
+    ck.save(tmp_path, bag)
+    assert set(load_file(tmp_path / ck.DIR / "state.safetensors")) == set(bag.tensors) - {"b.w", "b.n"}
+    back = ck.load(tmp_path)
+    for key in ("a", "b", "c"):
+        got, want = back.take(back.meta[key]), bag.take(bag.meta[key])
+        assert got.keys() == want.keys() and all(torch.equal(got[k].view(torch.int32), want[k].view(torch.int32)) for k in want), key
+    a, b = back.take(back.meta["a"])["w"], back.take(back.meta["b"])["w"]
+    a.add_(1)  # an optimizer may keep a loaded buffer and update it in place
+    assert torch.equal(b, w)
+
+
+def test_a_checkpoint_naming_a_missing_original_is_refused(tmp_path):
+    bag = ck.Bag()
+    bag.meta["a"] = bag.put("a", {"w": torch.ones(2)})
+    ck.save(tmp_path, bag)
+    meta_path = tmp_path / ck.DIR / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["aliases"] = {"b.w": "nope.w"}
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ck.CheckpointError, match="b.w is stored as nope.w"):
+        ck.load(tmp_path)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
