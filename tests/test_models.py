@@ -299,7 +299,8 @@ def test_clone_module_is_a_deep_copy(name, shape, classes, units):
     model = build(name, shape, classes)
     clone, deep = clone_module(model), copy.deepcopy(model)
     assert type(clone) is type(model) and clone.infos == model.infos and clone.unit_names == model.unit_names
-    assert clone.unit_names is not model.unit_names
+    assert clone.unit_names is not model.unit_names and clone.infos is not model.infos
+    assert all(a is b for a, b in zip(clone.infos, model.infos))  # frozen descriptions: shared, as deepcopy now shares them
     for (k, a), (_, b) in zip(clone.state_dict().items(), deep.state_dict().items()):
         assert torch.equal(a, b), k
     originals = {p.data_ptr() for p in model.parameters()} | {b.data_ptr() for b in model.buffers()}
