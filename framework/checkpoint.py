@@ -240,13 +240,15 @@ def duplicates(bag: Bag) -> dict[str, str]:
     2-core machine's epoch. Only the first of each name is compared against (a differing tensor
     usually differs in its first bytes, and torch.equal stops there), so the cost is one pass over
     the duplicates. Bits, not values: -0.0 and 0.0 (or two NaNs) are not merged."""
-    first: dict[tuple, str] = {}
+    first: dict[tuple, tuple[str, torch.Tensor]] = {}  # signature -> (key, its bits)
     out: dict[str, str] = {}
     for key, t in bag.tensors.items():
         sig = (bag.names.get(key, key), t.shape, t.dtype, t.device)
-        seen = first.setdefault(sig, key)
-        if seen != key and torch.equal(_bits(t), _bits(bag.tensors[seen])):
-            out[key] = seen
+        seen = first.get(sig)
+        if seen is None:
+            first[sig] = (key, _bits(t))
+        elif torch.equal(_bits(t), seen[1]):
+            out[key] = seen[0]
     return out
 
 
