@@ -115,29 +115,30 @@ def test_identical_bits_under_one_name_are_stored_once_and_load_as_copies(tmp_pa
     assert torch.equal(b, w)
 
 
+def _saved_with_meta(tmp_path, w, **meta_changes):
+    """A one-tensor checkpoint whose meta.json is then changed (None: the key removed); returns
+    the tensor's JSON description."""
+    bag = ck.Bag()
+    desc = bag.put("a", {"w": w})
+    ck.save(tmp_path, bag)
+    path = tmp_path / ck.DIR / "meta.json"
+    meta = json.loads(path.read_text())
+    meta.update(meta_changes)
+    path.write_text(json.dumps({k: v for k, v in meta.items() if v is not None}))
+    return desc
+
+
 def test_a_format_1_checkpoint_still_loads(tmp_path):
     """Checkpoints written before identical tensors were stored once (no `aliases`) resume as before."""
-    bag = ck.Bag()
-    bag.meta["a"] = bag.put("a", {"w": torch.arange(3.0)})
-    ck.save(tmp_path, bag)
-    meta_path = tmp_path / ck.DIR / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    del meta["aliases"]
-    meta_path.write_text(json.dumps({**meta, "format": 1}))
-    assert torch.equal(ck.load(tmp_path).take(bag.meta["a"])["w"], torch.arange(3.0))
-    meta_path.write_text(json.dumps({**meta, "format": 3}))
+    desc = _saved_with_meta(tmp_path, torch.arange(3.0), format=1, aliases=None)
+    assert torch.equal(ck.load(tmp_path).take(desc)["w"], torch.arange(3.0))
+    _saved_with_meta(tmp_path, torch.arange(3.0), format=3)
     with pytest.raises(ck.CheckpointError, match="format 3; this pipelab reads formats 1, 2"):
         ck.load(tmp_path)
 
 
 def test_a_checkpoint_naming_a_missing_original_is_refused(tmp_path):
-    bag = ck.Bag()
-    bag.meta["a"] = bag.put("a", {"w": torch.ones(2)})
-    ck.save(tmp_path, bag)
-    meta_path = tmp_path / ck.DIR / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    meta["aliases"] = {"b.w": "nope.w"}
-    meta_path.write_text(json.dumps(meta))
+    _saved_with_meta(tmp_path, torch.ones(2), aliases={"b.w": "nope.w"})
     with pytest.raises(ck.CheckpointError, match="b.w is stored as nope.w"):
         ck.load(tmp_path)
 
