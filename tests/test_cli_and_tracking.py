@@ -148,6 +148,10 @@ def test_same_config_and_seed_give_identical_summaries(tmp_path, mlflow_store):
     assert strip(c)["metrics"]["train/loss"] != strip(a)["metrics"]["train/loss"]
 
 
+# slow: what it asserts (one parent, a FINISHED child per job under it, named by the swept value) the
+# fast suite asserts in test_a_sweep_is_comparable_in_the_store and the joblib sweep's assert_lr_sweep;
+# this one adds sweeping four schedulers at once (11 s, the suite stood at 10 min on 2 cores)
+@pytest.mark.slow
 def test_multirun_has_one_parent_and_a_child_per_job(tmp_path, mlflow_store):
     tracking, client = mlflow_store
     res = cli(["-m", "scheduler=local,gpipe,1f1b,pipedream", "cluster.num_devices=2", *tracking, *TINY], tmp_path)
