@@ -317,6 +317,24 @@ def test_sgd_steps_equal_each_optimizer_stepping_alone(foreach, momentum, nester
 
 
 @cuda
+def test_a_gpu_checkpoint_stores_identical_tensors_once(tmp_path):
+    """The copies of the aggregate on the GPU are found with one read-back and stored once; each
+    loads back as its own CPU tensor."""
+    from framework import checkpoint as ck
+
+    w = torch.randn(4, 3, device="cuda")
+    bag = ck.Bag()
+    for role in ("dev0", "dev1", "dev2"):
+        bag.meta[role] = bag.put(role, {"w": w.clone(), "m": torch.randn(4, 3, device="cuda")})
+    assert ck.duplicates(bag) == {"dev1.w": "dev0.w", "dev2.w": "dev0.w"}
+    ck.save(tmp_path, bag)
+    back = ck.load(tmp_path)
+    for role in ("dev0", "dev1", "dev2"):
+        got, want = back.take(back.meta[role]), bag.take(bag.meta[role])
+        assert all(torch.equal(got[k], want[k].cpu()) for k in want), role
+
+
+@cuda
 def test_checkpoint_file_of_gpu_tensors(tmp_path):
     """A checkpoint fetches a GPU run's tensors to the host as one block per device; the file
     reads back (by safetensors' own reader) as the tensors were, whatever their dtype, shape or
