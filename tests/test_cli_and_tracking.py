@@ -45,7 +45,15 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("args,needles", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+# one case per stage where a bad input can stop a run (composing, a group's options, checking the
+# config across fields, loading data, building a plugin, a key no schema declares) runs in the fast
+# suite; the others are slow: each message is checked in-process by tests/test_bad_inputs.py
+FAST_BAD_INPUTS = {"scheduler.microbatches=abc", "scheduler=nope", "scheduler.microbatches=128 train.batch_size=64",
+                   "dataset=fashion_mnist dataset.root=/nonexistent/fmnist", "compressor=mbq compressor.forward.bits=7", "+cluster.device.slowdwn=3"}
+
+
+@pytest.mark.parametrize("args,needles", [
+    pytest.param(a, n, id=" ".join(a), marks=() if " ".join(a) in FAST_BAD_INPUTS else pytest.mark.slow) for a, n in BAD_INPUTS])
 def test_bad_input_is_one_paragraph_and_no_run_left_running(tmp_path, mlflow_store, args, needles):
     tracking, client = mlflow_store
     res = cli(tracking + TINY + args, tmp_path)
