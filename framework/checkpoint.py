@@ -239,7 +239,7 @@ def duplicates(bag: Bag) -> dict[str, str]:
     64 devices' VGG-5 copies were half of a 301 MB checkpoint, and writing it took 0.27 s of a
     2-core machine's epoch. Only the first of each name is compared against (a differing tensor
     usually differs in its first bytes, and torch.equal stops there), so the cost is one pass over
-    the duplicates. Bits, not values: -0.0 and 0.0 (or two NaNs) are not merged."""
+    the duplicates. Bits, not values: -0.0 and 0.0 are not merged; two NaNs with the same bits are."""
     first: dict[tuple, tuple[str, torch.Tensor]] = {}  # signature -> (key, its bits)
     pairs: list[tuple[str, str, torch.Tensor, torch.Tensor]] = []  # (key, earlier key, their bits)
     for key, t in bag.tensors.items():
@@ -249,24 +249,30 @@ def duplicates(bag: Bag) -> dict[str, str]:
             first[sig] = (key, _bits(t))
         else:
             pairs.append((key, seen[0], _bits(t), seen[1]))
-    same = iter(_equal_each_on_device([(a, b) for _, _, a, b in pairs if a.device.type != "cpu"]))
-    flags = [torch.equal(a, b) if a.device.type == "cpu" else next(same) for _, _, a, b in pairs]
+    flags = _equal_each([(a, b) for _, _, a, b in pairs])
     return {key: earlier for (key, earlier, _, _), equal in zip(pairs, flags) if equal}
 
 
-def _equal_each_on_device(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
-    """torch.equal of each (same-shape) pair, compared on the tensors' device and read back once
-    per device: on a GPU each torch.equal waits for the device, ~650 times per checkpoint of
-    64 FL devices. (On the CPU torch.equal is cheaper: it stops at the first difference.)"""
+def _equal_each(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+    """torch.equal of each (same-shape) pair. On the CPU one torch.equal each (it stops at the
+    first difference); on another device all of that device's pairs at once
+    (`_equal_on_device`): there each torch.equal would wait for the device, ~650 times per
+    checkpoint of 64 FL devices."""
     by_device: dict = {}
-    for i, (a, b) in enumerate(pairs):
+    for i, (a, _) in enumerate(pairs):
         by_device.setdefault(a.device, []).append(i)
     out = [False] * len(pairs)
-    for idx in by_device.values():
-        flags = torch.stack([torch.eq(pairs[i][0], pairs[i][1]).all() for i in idx]).tolist()
+    for device, idx in by_device.items():
+        group = [pairs[i] for i in idx]
+        flags = [torch.equal(a, b) for a, b in group] if device.type == "cpu" else _equal_on_device(group)
         for i, f in zip(idx, flags):
             out[i] = f
     return out
+
+
+def _equal_on_device(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+    """torch.equal of each pair (one device), compared there and read back once."""
+    return torch.stack([torch.eq(a, b).all() for a, b in pairs]).tolist()
 
 
 _SAME_WIDTH_INT = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}

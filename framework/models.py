@@ -138,7 +138,7 @@ def _clone_tensor(t: torch.Tensor, memo: dict) -> torch.Tensor:
         new = memo[id(t)] = nn.Parameter(t.data.clone(memory_format=torch.preserve_format), t.requires_grad)
         return new
     if type(t) is not torch.Tensor or t._base is not None or t.grad is not None or t.requires_grad or t.__dict__:
-        return copy.deepcopy(t, memo)  # parameters (their own deepcopy clones), views, tensors with state
+        return copy.deepcopy(t, memo)  # Parameter subclasses (their own deepcopy), views, tensors with state
     new = t.clone(memory_format=torch.preserve_format)
     memo[id(t)] = new
     return new

@@ -118,12 +118,12 @@ def test_identical_bits_under_one_name_are_stored_once_and_load_as_copies(tmp_pa
 def test_the_device_side_comparison_agrees_with_torch_equal():
     """What a GPU checkpoint compares on the device (one read-back): the same answers as
     torch.equal, here on the CPU, for equal, different, empty, boolean and bit-viewed tensors."""
-    from framework.checkpoint import _bits, _equal_each_on_device
+    from framework.checkpoint import _bits, _equal_on_device
 
     w = torch.randn(3, 4)
     pairs = [(w, w.clone()), (w, w + 1), (torch.zeros(0, 2), torch.zeros(0, 2)), (torch.tensor([True, False]), torch.tensor([True, True])),
              (_bits(torch.zeros(2)), _bits(torch.full((2,), -0.0))), (_bits(torch.tensor([float("nan")])), _bits(torch.tensor([float("nan")])))]
-    assert _equal_each_on_device(pairs) == [torch.equal(a, b) for a, b in pairs] == [True, False, True, False, False, True]
+    assert _equal_on_device(pairs) == [torch.equal(a, b) for a, b in pairs] == [True, False, True, False, False, True]
 
 
 def _saved_with_meta(tmp_path, w, **meta_changes):
