@@ -77,13 +77,8 @@ class SchedulerContext:
         draws alike; built once per epoch however many roles of this process ask."""
         if epoch not in self._batches:
             self._batches.clear()
-            out = []
             n = self.iterations_per_epoch()
-            for i, xy in enumerate(batches(self.dataset.x_train, self.dataset.y_train, self.cfg.train.batch_size, self.cfg.seed, epoch)):
-                if i >= n:
-                    break
-                out.append(xy)
-            self._batches[epoch] = out
+            self._batches[epoch] = list(batches(self.dataset.x_train, self.dataset.y_train, self.cfg.train.batch_size, self.cfg.seed, epoch, limit=n))
         return self._batches[epoch]
 
 

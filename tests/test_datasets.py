@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 import plugins.datasets  # noqa: F401  (registers the datasets)
 from framework import registry
-from framework.data import batches, build_dataset, shard_indices
+from framework.data import batches, build_dataset, epoch_order, shard_indices, split_microbatches
 from framework.errors import DataError
 from plugins.datasets import fashion_mnist as fm
 from plugins.datasets import synthetic
@@ -283,6 +283,30 @@ def test_dirichlet_shards_partition_deterministically_and_skew_with_alpha():
     iid = shard_indices(y, 5, "dirichlet", alpha=100.0, seed=3)
     assert_partition(iid, len(y))
     assert skew(y, a) > skew(y, iid) + 0.2, (skew(y, a), skew(y, iid))
+
+
+def test_batches_are_the_rows_of_the_epoch_order_and_limit_stops_early():
+    """One gather per epoch, sliced: the same batches as indexing the epoch's order batch by
+    batch, with a short last batch unless dropped, and `limit` keeps the first batches only."""
+    x, y = torch.randn(50, 3, 2), torch.arange(50) % 7
+    shard = torch.arange(5, 48)
+
+    def by_index(bs, drop_last):
+        order = shard[epoch_order(len(shard), 4, 2)]
+        stop = len(order) - (len(order) % bs if drop_last else 0)
+        return [(x[order[i : i + bs]], y[order[i : i + bs]]) for i in range(0, stop, bs)]
+
+    for drop_last in (False, True):
+        want = by_index(8, drop_last)
+        got = list(batches(x, y, 8, 4, 2, indices=shard, drop_last=drop_last))
+        assert [len(b) for _, b in got] == [len(b) for _, b in want] == ([8] * 5 + ([] if drop_last else [3]))
+        assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, want))
+        for limit, n in ((0, 0), (2, 2), (100, len(want))):
+            part = list(batches(x, y, 8, 4, 2, indices=shard, drop_last=drop_last, limit=limit))
+            assert len(part) == n and all(torch.equal(a, c) for (a, _), (c, _) in zip(part, want))
+    meta = list(batches(x.to("meta"), y, 8, 4, 2, indices=shard, limit=3))  # timing-only: shapes
+    assert [tuple(a.shape) for a, _ in meta] == [(8, 3, 2)] * 3 and all(torch.equal(b, d) for (_, b), (_, d) in zip(meta, want))
+    assert split_microbatches(x, 1)[0] is x and [len(p) for p in split_microbatches(x, 3)] == [17, 17, 16]
 
 
 def test_batches_order_depends_on_seed_and_epoch_only():

@@ -65,6 +65,8 @@ class Collaborative(Scheduler):
         self.Q = len(ctx.model)
         self.B = int(ctx.cfg.train.batch_size)
         self.iteration_cap = int(ctx.cfg.train.iterations_per_epoch or 0)  # read once: a config lookup costs 20 us, asked per batch
+        self.epochs = int(ctx.cfg.train.epochs)  # likewise, asked by every role every epoch
+        self.aggregate_every = int(cfg.aggregate_every)
         self.numerics = ctx.numerics
         self.dtype = ctx.dtype
         self.shards = shard_indices(ctx.dataset.y_train, self.K, cfg.shard, alpha=cfg.dirichlet_alpha, seed=ctx.cfg.seed)
@@ -147,9 +149,7 @@ class Collaborative(Scheduler):
         seed = self.ctx.cfg.seed * 7919 + k
         ds = self.ctx.dataset
         n = self.num_iterations(k, p)
-        for i, (x, y) in enumerate(batches(ds.x_train, ds.y_train, p.micro_batch * p.N, seed, epoch, indices=self.shards[k], drop_last=True)):
-            if i >= n:
-                break
+        for x, y in batches(ds.x_train, ds.y_train, p.micro_batch * p.N, seed, epoch, indices=self.shards[k], drop_last=True, limit=n):
             out.append((split_microbatches(x, p.N), split_microbatches(y, p.N)))
         return out
 
@@ -162,7 +162,7 @@ class Collaborative(Scheduler):
         return n, True
 
     def aggregates(self, epoch: int) -> bool:
-        return (epoch + 1) % int(self.cfg.aggregate_every) == 0 or epoch == self.ctx.cfg.train.epochs - 1
+        return (epoch + 1) % self.aggregate_every == 0 or epoch == self.epochs - 1
 
     def bandwidths(self, k: int, t: float) -> tuple[float, float]:
         cl = self.ctx.cluster
