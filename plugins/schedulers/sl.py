@@ -25,7 +25,7 @@ class SLDevice(DeviceRole):
 
     async def run(self, ctx) -> None:
         s, k, P = self.sched, self.k, self.plan.P
-        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
+        for epoch in range(self.first_epoch, s.epochs):
             if epoch or k:
                 msg = await ctx.recv("server", "turn")
                 if s.numerics:
@@ -64,7 +64,7 @@ class SLServer(Role):
 
     async def run(self, ctx) -> None:
         s = self.sched
-        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
+        for epoch in range(self.first_epoch, s.epochs):
             for k in range(s.K):
                 if self.latest is not None:
                     ctx.send(f"dev{k}", "turn", self.latest, iteration=self.served)

@@ -116,7 +116,7 @@ class DeviceRole(Role):
 
     async def run(self, ctx) -> None:
         s, k = self.sched, self.k
-        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
+        for epoch in range(self.first_epoch, s.epochs):
             n_it, connected = s.active_iterations(k, epoch, self.plan)
             its = s.iteration_batches(k, epoch, self.plan)[:n_it]
             # on the simulator the round's tensor work may queue until the aggregator needs it,
@@ -237,7 +237,7 @@ class ServerRole(Role):
 
     async def run(self, ctx) -> None:
         s = self.sched
-        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
+        for epoch in range(self.first_epoch, s.epochs):
             counts = {k: s.active_iterations(k, epoch, self.plans[k])[0] for k in self.ks}
             done = {k: 0 for k in self.ks}
             # on the simulator the replicas' work may queue until the aggregator needs it, and
@@ -333,7 +333,7 @@ class FedRole(Role):
 
     async def run(self, ctx) -> None:
         s = self.sched
-        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
+        for epoch in range(self.first_epoch, s.epochs):
             if s.aggregates(epoch):
                 await self.aggregate(ctx, epoch)
             await ctx.end_epoch(epoch)
@@ -385,12 +385,19 @@ class FedRole(Role):
                 ctx.send(f"dev{k}", "round", flag)
             if self.P[k] < s.Q:
                 ctx.send(s.server_role_of(k), "round", flag)
+        parts: dict = {}  # P -> the global model's units [0, P), flattened once for all the devices
+
+        def part(P: int) -> dict:  # that take it: a message to a device crosses a link, so each
+            if P not in parts:  # receives its own copy (a server role on the same processor gets
+                parts[P] = s.layout.flat(self.model, 0, P, s.dtype, s.numerics)  # the object sent)
+            return parts[P]
+
         for k in sorted(range(s.K), key=lambda k: k in reselect):  # re-planned devices last
             if k in reselect:
                 self.P[k] = int((await ctx.recv(s.server_role_of(k), "plan"))[0])
             P = self.P[k]
             if k not in self.lost:
-                ctx.send(f"dev{k}", "global", s.layout.flat(self.model, 0, P, s.dtype, s.numerics))
+                ctx.send(f"dev{k}", "global", part(P))
             if P < s.Q:
                 ctx.send(s.server_role_of(k), "global", s.layout.flat(self.model, P, s.Q, s.dtype, s.numerics))
 
