@@ -78,7 +78,7 @@ class Bag:
                 if v.device.type == "meta":
                     desc[k] = {"meta_shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
                     continue
-                self.tensors[key] = v.detach()
+                self.tensors[key] = v.detach() if v.requires_grad else v  # a state_dict's are detached already
                 self.names[key] = k
                 desc[k] = {"tensor": key}
             elif isinstance(v, torch.Generator):
@@ -270,9 +270,31 @@ def _equal_each(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
     return out
 
 
+_STACK_BYTES = 256 * 2**20  # what one stacked comparison may copy of each side
+
+
 def _equal_on_device(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
-    """torch.equal of each pair (one device), compared there and read back once."""
-    return torch.stack([torch.eq(a, b).all() for a, b in pairs]).tolist()
+    """torch.equal of each pair (one device), compared there and read back once. Pairs of one
+    shape and dtype are stacked and compared in one call (`eq` and `all` per pair were two kernel
+    launches each, 5,200 for a checkpoint of 64 FL VGG-5 devices; stacked, a few per parameter
+    name), in chunks of at most `_STACK_BYTES` a side."""
+    by_kind: dict = {}
+    for i, (a, _) in enumerate(pairs):
+        by_kind.setdefault((a.shape, a.dtype), []).append(i)
+    order, flags = [], []
+    for (shape, dtype), idx in by_kind.items():
+        numel = shape.numel()
+        per = max(1, _STACK_BYTES // max(1, numel * dtype.itemsize))
+        for j in range(0, len(idx), per):
+            chunk = idx[j : j + per]
+            a = torch.stack([pairs[i][0] for i in chunk]).view(len(chunk), numel)
+            b = torch.stack([pairs[i][1] for i in chunk]).view(len(chunk), numel)
+            flags.append(torch.eq(a, b).all(1))
+            order.extend(chunk)
+    out = [False] * len(pairs)
+    for i, f in zip(order, torch.cat(flags).tolist() if flags else []):
+        out[i] = f
+    return out
 
 
 _SAME_WIDTH_INT = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}

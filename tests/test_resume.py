@@ -115,15 +115,22 @@ def test_identical_bits_under_one_name_are_stored_once_and_load_as_copies(tmp_pa
     assert torch.equal(b, w)
 
 
-def test_the_device_side_comparison_agrees_with_torch_equal():
-    """What a GPU checkpoint compares on the device (one read-back): the same answers as
-    torch.equal, here on the CPU, for equal, different, empty, boolean and bit-viewed tensors."""
+@pytest.mark.parametrize("stack_bytes", [256 * 2**20, 100])
+def test_the_device_side_comparison_agrees_with_torch_equal(monkeypatch, stack_bytes):
+    """What a GPU checkpoint compares on the device (stacked by shape and dtype, in chunks, one
+    read-back): the same answers as torch.equal, here on the CPU, for equal, different, empty,
+    scalar, boolean and bit-viewed tensors, whatever the chunk size."""
     from framework.checkpoint import _bits, _equal_on_device
 
+    monkeypatch.setattr(ck, "_STACK_BYTES", stack_bytes)  # 100 bytes: two 3x4 float pairs a chunk
     w = torch.randn(3, 4)
     pairs = [(w, w.clone()), (w, w + 1), (torch.zeros(0, 2), torch.zeros(0, 2)), (torch.tensor([True, False]), torch.tensor([True, True])),
-             (_bits(torch.zeros(2)), _bits(torch.full((2,), -0.0))), (_bits(torch.tensor([float("nan")])), _bits(torch.tensor([float("nan")])))]
-    assert _equal_on_device(pairs) == [torch.equal(a, b) for a, b in pairs] == [True, False, True, False, False, True]
+             (_bits(torch.zeros(2)), _bits(torch.full((2,), -0.0))), (_bits(torch.tensor([float("nan")])), _bits(torch.tensor([float("nan")]))),
+             (torch.tensor(2.0), torch.tensor(2.0)), (torch.tensor(2.0), torch.tensor(3.0))]
+    pairs += [(w, w.clone() if i % 3 else w - 1) for i in range(7)]  # one kind in several chunks, mixed answers
+    want = [torch.equal(a, b) for a, b in pairs]
+    assert want[:8] == [True, False, True, False, False, True, True, False] and want[8:].count(False) == 3
+    assert _equal_on_device(pairs) == want
 
 
 def _saved_with_meta(tmp_path, w, **meta_changes):
