@@ -30,6 +30,14 @@ timing-only) is what the numerics cost the host per epoch: the part no GPU takes
 
     python experiments/bench_replicas.py --model mlp --override model.hidden=2 --dataset synthetic_mnist \
         --batch-size 4 --per-device 32 --variants "timing-only,cpu,cpu batched" --repeats 5
+
+`--count-calls VARIANT` runs a variant once more counting the torch calls its training makes
+(and where in this repository they come from): a number that, unlike wall time on a shared
+machine, is the same in every run, so two commits compare exactly; on a GPU each call costs the
+host a dispatch and most a kernel launch.
+
+    python experiments/bench_replicas.py --model vgg5 --batch-size 4 --per-device 32 --schedulers fl \
+        --variants "cpu batched" --repeats 1 --count-calls "cpu batched"
 """
 
 from __future__ import annotations
@@ -68,9 +76,10 @@ def _synced() -> float:
     return time.perf_counter()
 
 
-def one_run(args, scheduler: str, extra: list[str], profile: bool = False) -> tuple[float, float, int, float]:
+def one_run(args, scheduler: str, extra: list[str], profile: bool | str = False) -> tuple[float, float, int, float]:
     """(wall seconds of the training, virtual seconds, samples trained, validation accuracy);
-    with `profile`, the training runs under torch.profiler and its summary is printed."""
+    with `profile`, the training runs under torch.profiler and its summary is printed (with
+    `profile="count"`, its torch calls are counted instead)."""
     overrides = [
         f"scheduler={scheduler}",
         f"model={args.model}",
@@ -97,6 +106,8 @@ def one_run(args, scheduler: str, extra: list[str], profile: bool = False) -> tu
         train, spent = job.train, []
 
         def timed_train(*a, **kw):
+            if profile == "count":
+                return counted(train, *a, **kw)
             if profile:
                 return profiled(train, *a, **kw)
             t0 = _synced()
@@ -136,6 +147,43 @@ def profiled(train, *a, **kw):
     return out
 
 
+def counted(train, *a, **kw):
+    """`train` with every torch call counted (a TorchDispatchMode sees each call that reaches
+    torch's dispatcher, views included; a foreach call counts once): prints the total, per
+    replica, and the call sites in this repository that made the most. Unlike wall time on a
+    shared machine, the count is the same in every run, and on a GPU each call costs the host
+    a dispatch and, for most, a kernel launch."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    root = str(Path(__file__).resolve().parent.parent) + "/"
+    sites: Counter = Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            f, where = sys._getframe(1), "(torch internals)"
+            while f is not None:
+                name = f.f_code.co_filename
+                if name.startswith(root) and not name.endswith("bench_replicas.py"):
+                    where = f"{name[len(root):]}:{f.f_code.co_name}:{f.f_lineno}"
+                    break
+                f = f.f_back
+            sites[where] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        out = train(*a, **kw)
+    total = sum(sites.values())
+    print(f"torch calls in the training: {total:,}, {total / COUNTED_REPLICAS[0]:,.0f} per device")
+    for where, n in sites.most_common(15):
+        print(f"{n:>8,}  {where}")
+    return out
+
+
+COUNTED_REPLICAS = [1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", type=int, default=64)
@@ -149,6 +197,8 @@ def main() -> None:
     ap.add_argument("--no-gpu", action="store_true", help="skip the GPU variants even where CUDA exists")
     ap.add_argument("--variants", default="", help="comma-separated subset of: timing-only, cpu, cpu batched, gpu, gpu batched, gpu tf32, gpu batched tf32")
     ap.add_argument("--profile", default="", metavar="VARIANT", help="after the timed runs, run this variant once more under torch.profiler and print its summary")
+    ap.add_argument("--count-calls", default="", metavar="VARIANT",
+                    help="after the timed runs, run this variant once more counting its torch calls (the same in every run: compare commits without timing noise)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="a Hydra override for every variant (repeatable), e.g. model.hidden=2")
     ap.add_argument("--server-slots", type=int, default=0,
@@ -165,8 +215,10 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"--variants: unknown or unavailable {unknown}; choices here: {', '.join(ways)}")
         ways = {w: ways[w] for w in wanted}
-    if args.profile and args.profile not in variants(gpu):
-        raise SystemExit(f"--profile: unknown or unavailable variant {args.profile!r}; choices here: {', '.join(variants(gpu))}")
+    for flag, wanted in (("--profile", args.profile), ("--count-calls", args.count_calls)):
+        if wanted and wanted not in variants(gpu):
+            raise SystemExit(f"{flag}: unknown or unavailable variant {wanted!r}; choices here: {', '.join(variants(gpu))}")
+    COUNTED_REPLICAS[0] = args.devices
     print(f"K = {args.devices} devices, {args.model}{''.join(f' {o}' for o in args.override)} on {args.dataset}, {args.per_device} samples each, one epoch; "
           f"{args.threads} CPU thread(s); GPU: {torch.cuda.get_device_name(0) if gpu else 'none'}")
     for scheduler in args.schedulers.split(","):
@@ -195,6 +247,9 @@ def main() -> None:
         if args.profile:
             print(f"\n{scheduler}, {args.profile}:")
             one_run(args, scheduler, variants(gpu)[args.profile], profile=True)
+        if args.count_calls:
+            print(f"\n{scheduler}, {args.count_calls}:")
+            one_run(args, scheduler, variants(gpu)[args.count_calls], profile="count")
 
 if __name__ == "__main__":
     main()
