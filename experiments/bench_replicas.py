@@ -107,7 +107,7 @@ def one_run(args, scheduler: str, extra: list[str], profile: bool | str = False)
 
         def timed_train(*a, **kw):
             if profile == "count":
-                return counted(train, *a, **kw)
+                return counted(train, args.devices, *a, **kw)
             if profile:
                 return profiled(train, *a, **kw)
             t0 = _synced()
@@ -147,7 +147,7 @@ def profiled(train, *a, **kw):
     return out
 
 
-def counted(train, *a, **kw):
+def counted(train, replicas: int, *a, **kw):
     """`train` with every torch call counted (a TorchDispatchMode sees each call that reaches
     torch's dispatcher, views included; a foreach call counts once): prints the total, per
     replica, and the call sites in this repository that made the most. Unlike wall time on a
@@ -175,13 +175,11 @@ def counted(train, *a, **kw):
     with Count():
         out = train(*a, **kw)
     total = sum(sites.values())
-    print(f"torch calls in the training: {total:,}, {total / COUNTED_REPLICAS[0]:,.0f} per device")
+    print(f"torch calls in the training: {total:,}, {total / replicas:,.0f} per device")
     for where, n in sites.most_common(15):
         print(f"{n:>8,}  {where}")
     return out
 
-
-COUNTED_REPLICAS = [1]
 
 
 def main() -> None:
@@ -218,7 +216,6 @@ def main() -> None:
     for flag, wanted in (("--profile", args.profile), ("--count-calls", args.count_calls)):
         if wanted and wanted not in variants(gpu):
             raise SystemExit(f"{flag}: unknown or unavailable variant {wanted!r}; choices here: {', '.join(variants(gpu))}")
-    COUNTED_REPLICAS[0] = args.devices
     print(f"K = {args.devices} devices, {args.model}{''.join(f' {o}' for o in args.override)} on {args.dataset}, {args.per_device} samples each, one epoch; "
           f"{args.threads} CPU thread(s); GPU: {torch.cuda.get_device_name(0) if gpu else 'none'}")
     for scheduler in args.schedulers.split(","):

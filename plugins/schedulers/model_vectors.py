@@ -29,9 +29,7 @@ class UnitLayout:
 
     def tensors(self, model, a: int, b: int, what: str) -> list[torch.Tensor]:
         """The float parameters ("p") or float buffers ("b") of units [a, b), in layout order."""
-        known = self._tensors.get(model)
-        if known is None:
-            known = self._tensors[model] = {}
+        known = self._tensors.setdefault(model, {})
         out = known.get((a, b, what))
         if out is None:
             units = [model.units[i] for i in range(a, b)]
