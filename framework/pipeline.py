@@ -265,7 +265,7 @@ class StageRole(Role):
 
     def _new_stage(self, a: int, b: int) -> Stage:
         ctx = self.sched.ctx
-        return Stage(ctx.model, a, b, ctx.cfg.train, numerics=ctx.numerics, stash=self.sched.stash)
+        return Stage(ctx.model, a, b, ctx.optimizer, numerics=ctx.numerics, stash=self.sched.stash)
 
     def state(self) -> dict:
         """The weights this stage owns, by global unit index (they survive a repartition)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
@@ -58,6 +59,14 @@ class SchedulerContext:
     @property
     def train(self):
         return self.cfg.train
+
+    @cached_property
+    def optimizer(self):
+        """The run's optimizer settings (framework.stage.OptimizerSettings), read once: every
+        role's `Stage` is built from them."""
+        from framework.stage import OptimizerSettings
+
+        return OptimizerSettings.of(self.cfg.train)
 
     def new_compressor(self):
         """A fresh compressor of the run's kind: planners price packets with it without touching

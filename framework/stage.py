@@ -17,6 +17,7 @@ that byte counts and timing stay exact (timing-only runs).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
@@ -28,19 +29,40 @@ from framework import lean_torch, replicas
 from framework.lean_torch import SGD, optimizers_without_dynamo
 
 
-def make_optimizer(params, train_cfg) -> torch.optim.Optimizer:
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """What `make_optimizer` reads of the run's `train` config, as plain values, read once.
+    A config lookup costs 20-40 us, and a run of K simulated devices builds K to 2K stages: four
+    lookups each were 10-20 ms of building 64 roles (`SchedulerContext.optimizer` holds the
+    run's)."""
+
+    optimizer: str
+    lr: float
+    momentum: float
+    weight_decay: float
+
+    @classmethod
+    def of(cls, train) -> "OptimizerSettings":
+        """`train` (the run's `cfg.train`, or settings already read) as settings."""
+        if isinstance(train, cls):
+            return train
+        return cls(train.optimizer, train.lr, train.momentum, train.weight_decay)
+
+
+def make_optimizer(params, train) -> torch.optim.Optimizer:
+    """The optimizer `train` (`cfg.train` or `OptimizerSettings`) names, over `params`."""
     params = list(params)
-    name = train_cfg.optimizer
-    if name == "sgd":  # torch.optim.SGD without a 2-7 s import of torch._dynamo (framework/lean_torch.py)
-        return SGD(params, lr=train_cfg.lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
-    if name == "adam":
+    s = OptimizerSettings.of(train)
+    if s.optimizer == "sgd":  # torch.optim.SGD without a 2-7 s import of torch._dynamo (framework/lean_torch.py)
+        return SGD(params, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
+    if s.optimizer == "adam":
         optimizers_without_dynamo()
-        return torch.optim.Adam(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}; choices: sgd, adam")
+        return torch.optim.Adam(params, lr=s.lr, weight_decay=s.weight_decay)
+    raise ValueError(f"unknown optimizer {s.optimizer!r}; choices: sgd, adam")
 
 
 class Stage:
-    def __init__(self, model, start: int, stop: int, train_cfg, *, numerics: bool = True, stash: bool = False):
+    def __init__(self, model, start: int, stop: int, train, *, numerics: bool = True, stash: bool = False):
         self.model = model
         self.start, self.stop = start, stop
         self.module: nn.Module = model.slice(start, stop)
@@ -48,7 +70,7 @@ class Stage:
         self.is_last = stop == len(model)
         self.numerics = numerics
         self.stash = stash
-        self.optimizer = make_optimizer(self.module.parameters(), train_cfg) if numerics else None
+        self.optimizer = make_optimizer(self.module.parameters(), train) if numerics else None
         self.out_shape = model.infos[stop - 1].out_shape
         self.in_shape = model.infos[start].in_shape
         self.version = 0  # optimizer steps applied
@@ -66,7 +88,7 @@ class Stage:
 
     @cached_property
     def architecture(self) -> tuple:
-        return replicas.architecture_key(self.module, self.start, self.stop)
+        return replicas.architecture_key(self.module, self.start, self.stop, self.params, self.buffers)
 
     @cached_property
     def draws_random(self) -> bool:

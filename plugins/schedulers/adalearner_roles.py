@@ -63,7 +63,7 @@ class GroupOwner(Role):
         self.sched = sched
         self.device = sched.go_device
         self.model = sched.own_model()
-        self.stage = Stage(self.model, 0, sched.Q, sched.ctx.cfg.train, numerics=sched.numerics)
+        self.stage = Stage(self.model, 0, sched.Q, sched.ctx.optimizer, numerics=sched.numerics)
         self.streams: dict = {}  # the second quantization's error feedback, per tensor
         self.it = 0
         self.iteration_s: list[float] = []
@@ -194,7 +194,7 @@ class Worker(Role):
         self.sched, self.i = sched, i
         self.name, self.device, _ = sched.workers()[i]
         self.model = sched.own_model()
-        self.stage = Stage(self.model, 0, sched.Q, sched.ctx.cfg.train, numerics=sched.numerics)
+        self.stage = Stage(self.model, 0, sched.Q, sched.ctx.optimizer, numerics=sched.numerics)
         self.it = 0
 
     async def run(self, ctx) -> None:

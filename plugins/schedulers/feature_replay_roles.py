@@ -85,7 +85,7 @@ class _Side(Role):
     def _new_stage(self) -> Stage | None:
         a, b = self._bounds()
         ctx = self.sched.ctx
-        return Stage(self.model, a, b, ctx.cfg.train, numerics=ctx.numerics) if b > a else None
+        return Stage(self.model, a, b, ctx.optimizer, numerics=ctx.numerics) if b > a else None
 
     def move_cut(self, new_cut: int) -> None:
         """Rebuild the stage for `new_cut`, keeping the optimizer state of the blocks that stay."""

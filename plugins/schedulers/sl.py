@@ -44,7 +44,7 @@ class SLServer(Role):
         self.device = SERVER
         self.model = own_copy(sched)
         self.P = sched.plans[0].P
-        self.stage = Stage(self.model, self.P, sched.Q, sched.ctx.cfg.train, numerics=sched.numerics)
+        self.stage = Stage(self.model, self.P, sched.Q, sched.ctx.optimizer, numerics=sched.numerics)
         self.latest = None  # the device part last handed back: the next device's start
         self.served = 0
 

@@ -96,7 +96,7 @@ class DeviceRole(Role):
         self.device = sched.devices[k]
         self.plan = sched.plans[k]
         self.model = own_copy(sched)
-        self.stage = Stage(self.model, 0, self.plan.P, sched.ctx.cfg.train, numerics=sched.numerics)
+        self.stage = Stage(self.model, 0, self.plan.P, sched.ctx.optimizer, numerics=sched.numerics)
         self.it = 0
 
     @property
@@ -110,7 +110,7 @@ class DeviceRole(Role):
         s = self.sched
         self.plan = DevicePlan.from_dict(desc["plan"])
         if self.plan.P != self.stage.stop:  # a re-selection had moved the cut
-            self.stage = Stage(self.model, 0, self.plan.P, s.ctx.cfg.train, numerics=s.numerics)
+            self.stage = Stage(self.model, 0, self.plan.P, s.ctx.optimizer, numerics=s.numerics)
         ck.load_model_and_stage(bag, desc, self.model, self.stage, s.numerics)
         self.it = int(desc["it"])
 
@@ -181,7 +181,7 @@ class DeviceRole(Role):
             ctx.send(server, "profile", torch.zeros(3 * s.Q, dtype=torch.float64), iteration=self.it)
         P, N, mb = (int(v) for v in await ctx.recv(server, "plan"))
         if P != self.plan.P:
-            self.stage = Stage(self.model, 0, P, s.ctx.cfg.train, numerics=s.numerics)  # the cut moves
+            self.stage = Stage(self.model, 0, P, s.ctx.optimizer, numerics=s.numerics)  # the cut moves
         self.plan = DevicePlan(P, N, mb, self.plan.predicted_iter_s, self.plan.predicted_epoch_s)
 
 
@@ -197,7 +197,7 @@ class ServerRole(Role):
         if shared:
             model = own_copy(sched)
             self.models = {k: model for k in ks}
-            stage = Stage(model, self.plans[ks[0]].P, sched.Q, sched.ctx.cfg.train, numerics=sched.numerics)
+            stage = Stage(model, self.plans[ks[0]].P, sched.Q, sched.ctx.optimizer, numerics=sched.numerics)
             self.stages = {k: stage for k in ks}
         else:
             self.models = {k: own_copy(sched) for k in ks}
@@ -208,7 +208,7 @@ class ServerRole(Role):
         self._planner: Planner | None = None
 
     def _stage(self, k: int) -> Stage:
-        return Stage(self.models[k], self.plans[k].P, self.sched.Q, self.sched.ctx.cfg.train, numerics=self.sched.numerics)
+        return Stage(self.models[k], self.plans[k].P, self.sched.Q, self.sched.ctx.optimizer, numerics=self.sched.numerics)
 
     def stats(self) -> dict:
         return {"reselections": self.reselections, "lost_devices": sorted(self.gone)}
