@@ -84,8 +84,8 @@ class UnitModel(nn.Module):
         return "\n".join(rows)
 
 
-_ATOMS = (str, int, float, bool, type(None), torch.dtype, torch.device)
-_CONTAINERS = (dict, OrderedDict, set, list)
+_ATOMS = frozenset({str, int, float, bool, type(None), torch.dtype, torch.device})
+_CONTAINERS = frozenset({dict, OrderedDict, set, list})
 
 
 def clone_module(module: nn.Module, memo: dict | None = None) -> nn.Module:
@@ -111,19 +111,22 @@ def _clone(mod: nn.Module, memo: dict) -> nn.Module:
     memo[id(mod)] = new
     d = {}
     for k, v in mod.__dict__.items():
-        if k == "_modules":
+        t = type(v)  # tested in the order a module's attributes are common: a model copy is mostly these tests
+        if t in _ATOMS:
+            d[k] = v
+        elif t in _CONTAINERS and not v:
+            d[k] = t()  # the dozen empty hook dictionaries
+        elif k == "_modules":
             d[k] = {n: None if c is None else _clone(c, memo) for n, c in v.items()}
         elif k in ("_parameters", "_buffers"):
-            d[k] = {n: None if t is None else _clone_tensor(t, memo) for n, t in v.items()}
-        elif type(v) in _ATOMS or (type(v) is tuple and all(type(x) in _ATOMS for x in v)):
+            d[k] = {n: None if x is None else _clone_tensor(x, memo) for n, x in v.items()}
+        elif t is tuple and all(type(x) in _ATOMS for x in v):
             d[k] = v  # deepcopy returns such a tuple itself (a conv's kernel_size, stride, padding)
-        elif type(v) is list and all(type(x) in _ATOMS or type(x) is UnitInfo for x in v):
+        elif t is list and all(type(x) in _ATOMS or type(x) is UnitInfo for x in v):
             d[k] = list(v)  # a UnitModel's unit names and infos
-        elif type(v) in _CONTAINERS and not v:
-            d[k] = type(v)()
         else:
             d[k] = copy.deepcopy(v, memo)
-    new.__dict__ = d
+    object.__setattr__(new, "__dict__", d)  # not through Module.__setattr__'s checks (70 us a model)
     return new
 
 

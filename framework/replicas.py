@@ -43,14 +43,17 @@ def draws_random_numbers(module: nn.Module) -> bool:
     return any(isinstance(m, _RANDOM_MODULES) and m.training and getattr(m, "p", 1.0) > 0 for m in module.modules())
 
 
-def architecture_key(module: nn.Module, start: int, stop: int) -> tuple:
-    """What two stages must share to run as one vmapped call."""
+def architecture_key(module: nn.Module, start: int, stop: int, params: dict | None = None, buffers: dict | None = None) -> tuple:
+    """What two stages must share to run as one vmapped call. `params` and `buffers`: the
+    module's named parameters and buffers where the caller holds them already (a Stage does)."""
+    params = dict(module.named_parameters()) if params is None else params
+    buffers = dict(module.named_buffers()) if buffers is None else buffers
     return (
         start,
         stop,
         tuple((type(m).__name__, m.training) for m in module.modules()),
-        tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in module.named_parameters()),
-        tuple((n, tuple(b.shape), b.dtype) for n, b in module.named_buffers()),
+        tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in params.items()),
+        tuple((n, tuple(b.shape), b.dtype) for n, b in buffers.items()),
     )
 
 
@@ -200,8 +203,7 @@ def run_forwards(reqs: list[ForwardRequest]) -> list:
         rows = LossRows(losses.detach(), correct, b)
         results = [LossRow(rows, i) for i in range(len(reqs))]
     else:
-        out = y.detach()
-        results = [out[i] for i in range(len(reqs))]
+        results = list(y.detach().unbind(0))  # one call, not one per member
     for i, r in enumerate(reqs):
         r.stage.keep(r.key, Slot(graph, i, r.loss_scale))
     return results
