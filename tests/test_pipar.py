@@ -307,3 +307,38 @@ def test_sl_trains_devices_in_turn_and_equals_sequential_sgd(tmp_path):
     tl = job.runtime.timeline
     fwd = {r: [iv.start for iv in tl.intervals if iv.resource == r and iv.kind == "fwd"] for r in ("dev0", "dev1")}
     assert max(fwd["dev0"]) < min(fwd["dev1"]) and len(fwd["dev0"]) == len(fwd["dev1"]) == 2
+
+
+def test_model_vectors_are_copies_laid_end_to_end_and_load_back():
+    """A split model's flat vectors (what FedAvg averages and links carry): the units' float
+    parameters and buffers end to end, copies of them (a later update does not show, also for a
+    range of one tensor), loaded back exactly; a vector of the wrong length is refused."""
+    from framework.models import UnitModel, build_model, clone_module
+    from plugins.schedulers.model_vectors import UnitLayout
+
+    cfg = compose_cfg(["model=vgg5", "dataset=synthetic_cifar10"])
+    model = build_model(cfg.model, (3, 32, 32), 10)
+    layout = UnitLayout(model)
+    L = len(model)
+    whole = layout.flat(model, 0, L, torch.float32, True)
+    parts = [layout.flat(model, a, b, torch.float32, True) for a, b in ((0, 2), (2, L))]
+    for what in ("p", "b"):
+        assert torch.equal(whole[what], torch.cat([p[what] for p in parts]))
+        want = [t for u in model.units for t in (u.parameters() if what == "p" else u.buffers()) if t.is_floating_point()]
+        assert torch.equal(whole[what], torch.cat([t.reshape(-1) for t in want]))
+    tiny = UnitModel("tiny", [("fc", torch.nn.Linear(4, 3, bias=False)), ("bn", torch.nn.BatchNorm1d(3))], (4,), 3)
+    single = UnitLayout(tiny).flat(tiny, 0, 1, torch.float32, True)  # one tensor: flattening alone would alias it
+    assert single["p"].numel() == 12 and single["b"].numel() == 0
+    before = single["p"].clone()
+    with torch.no_grad():
+        tiny.units[0].weight.add_(1.0)
+    assert torch.equal(single["p"], before)
+    other = clone_module(model)
+    with torch.no_grad():
+        for t in [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]:
+            t.add_(1.0)
+    assert not any(torch.equal(layout.flat(model, 0, L, torch.float32, True)[k], whole[k]) for k in whole)
+    layout.load(other, 0, L, layout.flat(model, 0, L, torch.float32, True))
+    assert all(torch.equal(a, b) for a, b in zip(other.state_dict().values(), model.state_dict().values()))
+    with pytest.raises(ValueError, match="units"):
+        layout.load(other, 0, L, {"p": whole["p"][:-1], "b": whole["b"]})
