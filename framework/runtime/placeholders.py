@@ -68,14 +68,24 @@ class Pending:
         return self._value
 
 
+_NESTED = (Pending, dict, list, tuple)  # what may hold a placeholder
+
+
 def resolve(obj):
-    """`obj` with every placeholder in it (in dicts, lists, tuples) replaced by its value."""
+    """`obj` with every placeholder in it (in dicts, lists, tuples) replaced by its value; a
+    container that holds none is returned as it is (every deferred call's arguments pass here)."""
     if isinstance(obj, Pending):
         return obj.value()
     if isinstance(obj, dict):
-        return {k: resolve(v) for k, v in obj.items()}
+        for v in obj.values():
+            if isinstance(v, _NESTED):
+                return {k: resolve(v) for k, v in obj.items()}
+        return obj
     if isinstance(obj, (list, tuple)):
-        return type(obj)(resolve(v) for v in obj)
+        for v in obj:
+            if isinstance(v, _NESTED):
+                return type(obj)([resolve(v) for v in obj])
+        return obj
     return obj
 
 
@@ -84,12 +94,12 @@ def pending_in(obj, out: list | None = None) -> list:
     out = [] if out is None else out
     if isinstance(obj, Pending):
         out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            pending_in(v, out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            pending_in(v, out)
+    elif isinstance(obj, (dict, list, tuple)):
+        for v in obj.values() if isinstance(obj, dict) else obj:
+            if isinstance(v, Pending):
+                out.append(v)
+            elif isinstance(v, (dict, list, tuple)):
+                pending_in(v, out)
     return out
 
 
