@@ -10,6 +10,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
 class UnitLayout:
@@ -50,8 +51,11 @@ class UnitLayout:
         out = {}
         with torch.no_grad():  # a copy of the values, outside any graph
             for what in ("p", "b"):
-                ts = [t.reshape(-1) for t in self.tensors(model, a, b, what)]
-                out[what] = torch.cat(ts) if ts else torch.empty(0, dtype=dtype)
+                ts = self.tensors(model, a, b, what)
+                if len(ts) > 1:  # one call that loops in C++, not a Python call per tensor (K devices a round)
+                    out[what] = _flatten_dense_tensors(ts)
+                else:  # flattening one tensor gives a view of it: the vector must be a copy
+                    out[what] = ts[0].reshape(-1).clone() if ts else torch.empty(0, dtype=dtype)
         return out
 
     def load(self, model, a: int, b: int, flat: dict) -> None:
@@ -63,5 +67,4 @@ class UnitLayout:
                 if flat[what].numel() != off[b] - off[a]:
                     raise ValueError(f"units [{a}, {b}) hold {off[b] - off[a]} values of kind {what!r}; the vector has {flat[what].numel()}")
                 if ts:  # one multi-tensor copy: on a GPU, one launch instead of one per tensor
-                    parts = flat[what].split([t.numel() for t in ts])
-                    torch._foreach_copy_(ts, [v.view_as(t) for v, t in zip(parts, ts)])
+                    torch._foreach_copy_(ts, _unflatten_dense_tensors(flat[what], ts))
