@@ -67,21 +67,32 @@ def site(tmp_path_factory) -> Path:
 
 def cli(args, site: Path | None):
     """`python -m framework args` from the repo root, with `site` (if any) installed."""
+    return clis([args], site)[0]
+
+
+def clis(commands: list[list[str]], site: Path | None) -> list[subprocess.CompletedProcess]:
+    """Several `cli` commands at once (each one's start-up is most of its time)."""
     path = [str(site)] if site else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path + [str(REPO)]), OMP_NUM_THREADS="1")
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, "-m", "framework", *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    procs = [subprocess.Popen([sys.executable, "-m", "framework", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for args in commands]
+    out = []
+    for args, proc in zip(commands, procs):
+        stdout, stderr = proc.communicate(timeout=300)
+        out.append(subprocess.CompletedProcess([sys.executable, "-m", "framework", *args], proc.returncode, stdout, stderr))
+    return out
 
 
 def test_schema_only_plugin_composes_with_its_defaults(site, tmp_path):
-    res = cli(["scheduler=demo_gpipe", *RUN, "scheduler.rounds=3", "--cfg", "job"], site)
+    res, plain = clis([["scheduler=demo_gpipe", *RUN, "scheduler.rounds=3", "--cfg", "job"], ["scheduler=demo_plain", *RUN, "--cfg", "job"]], site)
     assert res.returncode == 0, res.stderr
     text = res.stdout
     sched = text[text.index("scheduler:"):]
     for line in ("name: demo_gpipe", "microbatches: 2", "warmup_note: x", "rounds: 3", "partition: dp"):  # dp: the schema default it inherits
         assert line in sched, (line, text)
     # a schema whose `name` has no default gets the registered name
-    res = cli(["scheduler=demo_plain", *RUN, "--cfg", "job"], site)
+    res = plain
     assert res.returncode == 0, res.stderr
     assert "scheduler:\n  name: demo_plain\n  microbatches: 1\n" in res.stdout, res.stdout
 
@@ -115,16 +126,16 @@ def test_schema_only_plugin_options_are_checked(site, tmp_path, override, needle
 
 
 def test_plugins_and_help_list_the_schema_only_option(site, tmp_path):
-    res = cli(["--plugins"], site)
+    res, helped, wrong = clis([["--plugins"], ["--help"], ["scheduler=nope"]], site)
     assert res.returncode == 0, res.stderr
     assert "Demo GPipe from an out-of-tree package." in res.stdout  # the registry listing
     presets = res.stdout.split("config options")[1]
     line = next(x for x in presets.splitlines() if x.strip().startswith("scheduler"))
     assert "demo_gpipe" in line and "gpipe" in line.replace("demo_gpipe", ""), line
-    res = cli(["--help"], site)
+    res = helped
     assert res.returncode == 0, res.stderr
     assert "scheduler: 1f1b, adalearner, demo_gpipe, demo_plain, edge_only, feature_replay, fl, gpipe, jointdnn, local, pipar, pipedream, sfl, sl, super_neuron" in res.stdout
-    res = cli(["scheduler=nope"], site)
+    res = wrong
     assert res.returncode == 2
     assert res.stderr.strip() == "error: scheduler=nope: no such scheduler; choices: 1f1b, adalearner, demo_gpipe, demo_plain, edge_only, feature_replay, fl, gpipe, jointdnn, local, pipar, pipedream, sfl, sl, super_neuron"
 
