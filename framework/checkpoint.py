@@ -15,7 +15,9 @@ there (framework.job).
 
 `Bag` is the one container: tensors under flat string keys plus a JSON tree. Each part of a run
 writes under its own key prefix (`role.stage0.`, `runtime.`, `job.`) and keeps the JSON that
-`Bag.put` returns; `Bag.take` turns that JSON back into the values.
+`Bag.put` returns; `Bag.take` turns that JSON back into the values. The tensor file itself (its
+one-pass writer, a GPU's tensors fetched as one block, duplicates found) is
+framework/checkpoint_file.py.
 """
 
 from __future__ import annotations
@@ -29,17 +31,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch._utils import _flatten_dense_tensors
 
-from framework.errors import PipelabError
+from framework.checkpoint_file import CheckpointError, duplicates, save_file
 
 DIR = "checkpoint"
 FORMAT = 2  # 2: identical tensors stored once (`aliases`); format 1 files read as before
 READS = (1, 2)
-
-
-class CheckpointError(PipelabError):
-    """A checkpoint cannot be written (state that has no stored form) or read (missing, damaged)."""
 
 
 _SCALARS = (bool, int, float, str, type(None))
@@ -164,183 +161,6 @@ def set_random_state(rng, state: list) -> None:
 
 
 # ---- files ---------------------------------------------------------------------------------------
-
-
-_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
-
-
-def save_file(tensors: dict[str, torch.Tensor], path) -> None:
-    """`tensors` as a safetensors file (read back by `safetensors.torch.load_file`).
-
-    The format is a little-endian u64 header length, a JSON header (dtype, shape and byte range
-    of each tensor) padded to 8 bytes, then the bytes. Written here in one pass because
-    `safetensors.torch.save_file` spends about 20 us of Python per tensor, and a 16-device
-    PiPar checkpoint holds 500 small ones: 10 of the epoch's 600 ms."""
-    import struct
-
-    header, parts, offset = {}, [], 0
-    for name, t in tensors.items():
-        if t.dtype not in _ST_DTYPES:
-            raise CheckpointError(f"cannot checkpoint {name}: safetensors has no {t.dtype}")
-    fetched = _fetch_to_host(tensors)
-    for name, t in tensors.items():
-        data = fetched.get(name)
-        if data is None:
-            data = _host_bytes(t)
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + data.nbytes]}
-        parts.append(data)
-        offset += data.nbytes
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(head)))
-        f.write(head)
-        for data in parts:
-            f.write(data.data)
-
-
-def _host_bytes(t: torch.Tensor):
-    """A CPU tensor's bytes as a flat uint8 numpy array, reshaped by numpy (no torch call per
-    step: a checkpoint holds thousands of small tensors)."""
-    t = t.detach() if t.requires_grad else t  # what `put` stores is detached already
-    if t.dtype is torch.bfloat16:  # numpy has no bfloat16
-        return t.contiguous().reshape(-1).view(torch.uint8).numpy()
-    return np.ascontiguousarray(t.numpy()).reshape(-1).view(np.uint8)
-
-
-def _fetch_to_host(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """The bytes of every tensor not on the CPU (flat uint8 numpy arrays), copied back as one
-    block per device: a GPU run's checkpoint holds thousands of small tensors, and one copy each
-    (with its synchronisation) cost 0.3 s of a 64-device epoch on an H200."""
-    by_device: dict = {}
-    for name, t in tensors.items():
-        if t.device.type != "cpu":
-            by_device.setdefault(t.device, []).append(name)
-    out = {}
-    for names in by_device.values():
-        out.update(zip(names, device_bytes([tensors[n] for n in names])))
-    return out
-
-
-def device_bytes(tensors: list[torch.Tensor]) -> list[np.ndarray]:
-    """Each tensor's bytes (all on one device, none requiring grad) as a flat uint8 numpy array,
-    through one block on the host: the tensors of each dtype are flattened by one call (torch's
-    `_flatten_dense_tensors` loops in C++: a Python call per tensor costs the host about what a
-    kernel launch does), the block is copied back once and cut up with numpy, not torch.
-
-    A CUDA block lands in pinned (page-locked) memory: copied into ordinary memory, the 301 MB
-    block of a 64-device FL VGG-5 checkpoint took 0.24 s of GPU time on an H100 (26 November,
-    1.2 GB/s), pinned it fell out of the profile's top copies (under 10 ms); the buffer comes
-    from torch's caching host allocator, so later epochs reuse it."""
-    if not tensors:
-        return []
-    by_dtype: dict = {}
-    for i, t in enumerate(tensors):
-        by_dtype.setdefault(t.dtype, []).append(i)
-    order, flats = [], []
-    for idx in by_dtype.values():
-        flats.append(_flatten_dense_tensors([tensors[i] for i in idx]).view(torch.uint8))
-        order.extend(idx)
-    block = flats[0] if len(flats) == 1 else torch.cat(flats)
-    if block.device.type == "cuda":
-        host = torch.empty(block.numel(), dtype=torch.uint8, pin_memory=True)
-        host.copy_(block, non_blocking=True)
-        torch.cuda.current_stream(block.device).synchronize()
-        block = host
-    elif block.device.type != "cpu":
-        block = block.cpu()
-    data = block.numpy()
-    out: list = [None] * len(tensors)
-    offset = 0
-    for i in order:
-        t = tensors[i]
-        n = t.numel() * t.element_size()
-        out[i] = data[offset : offset + n]
-        offset += n
-    return out
-
-
-def duplicates(bag: Bag) -> dict[str, str]:
-    """{key: earlier key} for each tensor bit-for-bit equal to the first one stored under the same
-    name, shape, dtype and device. After an FL or PiPar round every device holds the aggregate:
-    64 devices' VGG-5 copies were half of a 301 MB checkpoint, and writing it took 0.27 s of a
-    2-core machine's epoch. Only the first of each name is compared against (a differing tensor
-    usually differs in its first bytes, and torch.equal stops there), so the cost is one pass over
-    the duplicates. Bits, not values: -0.0 and 0.0 are not merged; two NaNs with the same bits are."""
-    first: dict[tuple, str] = {}  # signature -> the first key stored under it
-    pairs: list[tuple[str, str]] = []  # (key, earlier key)
-    for key, t in bag.tensors.items():
-        sig = (bag.names.get(key, key), t.shape, t.dtype, t.device)
-        seen = first.get(sig)
-        if seen is None:
-            first[sig] = key
-        else:
-            pairs.append((key, seen))
-    flags = _equal_bits_each([(bag.tensors[key], bag.tensors[earlier]) for key, earlier in pairs])
-    return {key: earlier for (key, earlier), equal in zip(pairs, flags) if equal}
-
-
-def _equal_bits_each(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
-    """Whether each (same-shape, same-dtype) pair is equal bit for bit. On the CPU one
-    torch.equal of their bits each (it stops at the first difference); on another device all of
-    that device's pairs at once (`_equal_on_device`): there each torch.equal would wait for the
-    device, ~650 times per checkpoint of 64 FL devices."""
-    by_device: dict = {}
-    for i, (a, _) in enumerate(pairs):
-        by_device.setdefault(a.device, []).append(i)
-    out = [False] * len(pairs)
-    for device, idx in by_device.items():
-        group = [pairs[i] for i in idx]
-        if device.type == "cpu":
-            bits: dict = {}  # id -> bits: the first of a name is compared with every later one
-
-            def of(t: torch.Tensor) -> torch.Tensor:
-                got = bits.get(id(t))
-                if got is None:
-                    got = bits[id(t)] = _bits(t)
-                return got
-
-            flags = [torch.equal(of(a), of(b)) for a, b in group]
-        else:
-            flags = _equal_on_device(group)
-        for i, f in zip(idx, flags):
-            out[i] = f
-    return out
-
-
-_STACK_BYTES = 256 * 2**20  # what one stacked comparison may copy of each side
-
-
-def _equal_on_device(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
-    """Whether each pair (one device) is equal bit for bit, compared there and read back once. Pairs of one
-    shape and dtype are stacked and compared in one call (`eq` and `all` per pair were two kernel
-    launches each, 5,200 for a checkpoint of 64 FL VGG-5 devices; stacked, a few per parameter
-    name), in chunks of at most `_STACK_BYTES` a side."""
-    by_kind: dict = {}
-    for i, (a, _) in enumerate(pairs):
-        by_kind.setdefault((a.shape, a.dtype), []).append(i)
-    order, flags = [], []
-    for (shape, dtype), idx in by_kind.items():
-        numel = shape.numel()
-        per = max(1, _STACK_BYTES // max(1, numel * dtype.itemsize))
-        for j in range(0, len(idx), per):
-            chunk = idx[j : j + per]
-            a = _bits(torch.stack([pairs[i][0] for i in chunk])).view(len(chunk), numel)  # bits: the stack, not each tensor, is viewed
-            b = _bits(torch.stack([pairs[i][1] for i in chunk])).view(len(chunk), numel)
-            flags.append(torch.eq(a, b).all(1))
-            order.extend(chunk)
-    out = [False] * len(pairs)
-    for i, f in zip(order, torch.cat(flags).tolist() if flags else []):
-        out[i] = f
-    return out
-
-
-_SAME_WIDTH_INT = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    int_type = _SAME_WIDTH_INT.get(t.dtype)
-    return t if int_type is None else t.view(int_type)
 
 
 def save(run_dir, bag: Bag) -> Path:

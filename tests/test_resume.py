@@ -121,9 +121,10 @@ def test_the_device_side_comparison_agrees_with_torch_equal(monkeypatch, stack_b
     """What a GPU checkpoint compares on the device (stacked by shape and dtype, in chunks, one
     read-back): the same answers as torch.equal, here on the CPU, for equal, different, empty,
     scalar, boolean and bit-viewed tensors, whatever the chunk size."""
-    from framework.checkpoint import _bits, _equal_on_device
+    from framework import checkpoint_file
+    from framework.checkpoint_file import _bits, _equal_on_device
 
-    monkeypatch.setattr(ck, "_STACK_BYTES", stack_bytes)  # 100 bytes: two 3x4 float pairs a chunk
+    monkeypatch.setattr(checkpoint_file, "_STACK_BYTES", stack_bytes)  # 100 bytes: two 3x4 float pairs a chunk
     w = torch.randn(3, 4)
     pairs = [(w, w.clone()), (w, w + 1), (torch.zeros(0, 2), torch.zeros(0, 2)), (torch.tensor([True, False]), torch.tensor([True, True])),
              (_bits(torch.zeros(2)), _bits(torch.full((2,), -0.0))), (_bits(torch.tensor([float("nan")])), _bits(torch.tensor([float("nan")]))),
@@ -140,7 +141,7 @@ def test_the_device_side_comparison_agrees_with_torch_equal(monkeypatch, stack_b
 def test_device_bytes_are_each_tensors_bytes():
     """What a GPU checkpoint copies back (one block, cut up on the host) holds each tensor's
     bytes as the CPU writer takes them, whatever the dtype, shape or layout; here on the CPU."""
-    from framework.checkpoint import _host_bytes, device_bytes
+    from framework.checkpoint_file import _host_bytes, device_bytes
 
     g = torch.Generator().manual_seed(0)
     tensors = [torch.randn(5, 3, generator=g), torch.randn(3, 5, generator=g).t(), torch.tensor(7), torch.randn(9, generator=g) > 0,
