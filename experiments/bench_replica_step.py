@@ -5,9 +5,10 @@ architecture (default VGG-5, CIFAR-shaped, batch 32), each with its own paramete
 backward and SGD step each, timed per step (medians of `--steps` after warm-up):
 
 - `one at a time`: K modules, one after another (the kernels `runtime.batch_replicas=false` launches);
-- `vmap`: `torch.func.vmap` of `functional_call` over stacked parameters and buffers, as
-  `framework.replicas` runs a batched call (vmap turns each per-replica convolution into one
-  grouped convolution).
+- `vmap`: `torch.func.vmap` of `functional_call` over stacked parameters and buffers (vmap
+  turns each per-replica convolution into one grouped convolution: `runtime.replica_conv=grouped`);
+- `vmap, convolutions as matmul`: the same with each convolution a batched matrix product
+  (framework/batched_conv.py), as `framework.replicas` runs a batched call on a GPU.
 
 Each runs with TF32 off (the run's default) and on (`runtime.tf32=true`); beside each is the
 largest difference of the parameters after one step from the one-at-a-time run (rounding, not
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from framework import registry  # noqa: E402
+from framework.batched_conv import ConvAsMatmul  # noqa: E402
 from framework.cli import CONF_DIR  # noqa: E402
 from framework.models import build_model  # noqa: E402
 
@@ -90,7 +92,14 @@ def setup(variant, model_cfg, shape, base, init, xs, ys, lr, dev):
     buffer_names = [n for n, _ in base.named_buffers()]
     params = [torch.stack([q] * k).clone() for q in init]
     buffers = [torch.stack([bf.detach().clone() for _ in range(k)]) for bf in base.buffers()]
-    return (lambda: batched(base, names, buffer_names, params, buffers, xs, ys, lr)), (lambda: params)
+    if variant == "vmap":
+        return (lambda: batched(base, names, buffer_names, params, buffers, xs, ys, lr)), (lambda: params)
+
+    def as_matmul():
+        with ConvAsMatmul():
+            batched(base, names, buffer_names, params, buffers, xs, ys, lr)
+
+    return as_matmul, (lambda: params)
 
 
 def main() -> None:
@@ -124,7 +133,7 @@ def main() -> None:
             continue
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
         results, reference = {}, None
-        for variant in ("one at a time", "vmap"):
+        for variant in ("one at a time", "vmap", "vmap, convolutions as matmul"):
             step, state = setup(variant, model_cfg, shape, base, init, xs, ys, lr, dev)
             step()  # one step from the shared start: what the difference column compares
             after_one = [t.detach().clone() for t in state()]

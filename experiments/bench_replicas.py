@@ -7,6 +7,8 @@ process, in up to four ways:
 - `cpu`: tensor work on the CPU, each replica's forward and backward its own call;
 - `cpu batched`: `runtime.batch_replicas=true`, identical replicas as one vmapped call;
 - `gpu` and `gpu batched`: the same with `runtime.torch_device=cuda` (only where CUDA exists);
+  batched on a GPU, convolutions run as batched matrix products (`runtime.replica_conv=matmul`,
+  framework/batched_conv.py); `gpu batched grouped` runs them as vmap's grouped convolutions;
 - `gpu tf32` and `gpu batched tf32`: the same with `runtime.tf32=true` (float32 math on the
   tensor cores: faster, and drifts from the CPU run; accuracy is printed beside).
 
@@ -74,6 +76,7 @@ def variants(with_gpu: bool) -> dict[str, list[str]]:
     if with_gpu:
         out["gpu"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=false"]
         out["gpu batched"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=true"]
+        out["gpu batched grouped"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=true", "runtime.replica_conv=grouped"]
         out["gpu tf32"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=false", "runtime.tf32=true"]
         out["gpu batched tf32"] = ["runtime.torch_device=cuda", "runtime.batch_replicas=true", "runtime.tf32=true"]
     return out
@@ -237,7 +240,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed: the default thrashes on small machines)")
     ap.add_argument("--no-gpu", action="store_true", help="skip the GPU variants even where CUDA exists")
-    ap.add_argument("--variants", default="", help="comma-separated subset of: timing-only, cpu, cpu batched, gpu, gpu batched, gpu tf32, gpu batched tf32")
+    ap.add_argument("--variants", default="", help="comma-separated subset of: timing-only, cpu, cpu batched, gpu, gpu batched, gpu batched grouped, gpu tf32, gpu batched tf32")
     ap.add_argument("--profile", default="", metavar="VARIANT", help="after the timed runs, run this variant once more under torch.profiler and print its summary")
     ap.add_argument("--count-calls", default="", metavar="VARIANT",
                     help="after the timed runs, run this variant once more counting its torch calls (the same in every run: compare commits without timing noise)")
@@ -290,7 +293,7 @@ def main() -> None:
         print("| variant | training wall s (median) | beyond the floor s | samples/s | vs cpu | vs its one-at-a-time | val acc |")
         print("|---|---|---|---|---|---|---|")
         for w, s in med.items():
-            alone = w.replace(" batched", "")
+            alone = w.replace(" batched", "").replace(" grouped", "")
             rel = f"{med[alone] / s:.2f}x" if w != alone and alone in med else ""
             vs_cpu = f"{med['cpu'] / s:.2f}x" if "cpu" in med else ""
             beyond = "" if floor is None or w == "timing-only" else f"{s - floor:.3f}"

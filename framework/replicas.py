@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from framework import lean_torch
+from framework.batched_conv import ConvAsMatmul
 
 _RANDOM_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
 
@@ -156,10 +157,11 @@ def run_steps(stages: list) -> list:
     return [None] * len(stages)
 
 
-def run_forwards(reqs: list[ForwardRequest]) -> list:
+def run_forwards(reqs: list[ForwardRequest], conv_as_matmul: bool = False) -> list:
     """The forwards of `reqs` (equal signatures, distinct stages) as one vmapped call; returns
     what each `Stage.forward` would have returned (on a last stage, a `LossRow` whose `get()`
-    returns it)."""
+    returns it). `conv_as_matmul`: 2-D convolutions as batched matrix products
+    (framework/batched_conv.py), not grouped convolutions."""
     stages = [r.stage for r in reqs]
     base = stages[0].module
     names = stages[0].param_names
@@ -178,7 +180,11 @@ def run_forwards(reqs: list[ForwardRequest]) -> list:
     def one(ps, bs, xi):
         return torch.func.functional_call(base, {**dict(zip(names, ps)), **dict(zip(buffer_names, bs))}, (xi,))
 
-    y = torch.func.vmap(one)(params, buffers, x)
+    if conv_as_matmul:
+        with ConvAsMatmul():
+            y = torch.func.vmap(one)(params, buffers, x)
+    else:
+        y = torch.func.vmap(one)(params, buffers, x)
     with torch.no_grad():  # BatchNorm updated the stacked statistics in place: back to each replica,
         # through .data as BatchNorm's own update does, so a replica's graph held from an earlier
         # forward (which saved these buffers) does not see them as modified

@@ -102,6 +102,23 @@ def check_tracking(tcfg) -> None:
         raise ConfigError("tracking.experiment", "must be a non-empty experiment name (default pipelab)")
 
 
+def check_replica_conv(runtime, device: str) -> None:
+    """`runtime.replica_conv` names a choice, and only where replicas are batched."""
+    conv = runtime.get("replica_conv")
+    if conv is None:
+        return
+    if conv not in ("matmul", "grouped"):
+        raise ConfigError("runtime.replica_conv", f"{conv!r} is not a way to convolve batched replicas; choices: matmul, grouped, null (matmul on cuda, grouped on cpu)")
+    batched = runtime.get("batch_replicas")
+    if batched is None:
+        batched = device != "cpu"
+    if not runtime.numerics:
+        raise ConfigError("runtime.replica_conv", "sets how batched replicas convolve, and a timing-only run (runtime.numerics=false) convolves nothing; leave runtime.replica_conv=null")
+    if not batched:
+        why = "runtime.batch_replicas=false" if runtime.get("batch_replicas") is not None else "runtime.batch_replicas=null is off on cpu"
+        raise ConfigError("runtime.replica_conv", f"sets how batched replicas convolve, but none are batched here ({why}); set runtime.batch_replicas=true, or leave runtime.replica_conv=null")
+
+
 def check_runtime(cfg) -> None:
     """What the chosen runtime can do with the other choices: options it would ignore are errors."""
     rt, transport = cfg.runtime.name, cfg.transport.name
@@ -117,6 +134,7 @@ def check_runtime(cfg) -> None:
             raise ConfigError("runtime.tf32", "TF32 is a mode of CUDA's tensor cores and runtime.torch_device=cpu runs none; set runtime.torch_device=cuda, or leave runtime.tf32=false")
         if cfg.runtime.dtype != "float32":
             raise ConfigError("runtime.tf32", f"TF32 rounds float32 math and runtime.dtype={cfg.runtime.dtype} has none; set runtime.dtype=float32, or leave runtime.tf32=false")
+    check_replica_conv(cfg.runtime, device)
     python = cfg.runtime.get("python")
     if rt == "local" and python:
         import shutil

@@ -73,12 +73,33 @@ def test_batched_replicas_train_as_one_at_a_time(tmp_path, extra, share):
     assert_same_run(alone, batched, rtol=1e-10)
 
 
+def test_convolutions_as_matrix_products_train_as_one_at_a_time(tmp_path, monkeypatch):
+    """`runtime.replica_conv=matmul` (the default on a GPU; framework/batched_conv.py): the
+    batched forwards' convolutions run as batched matrix products, and the run still equals
+    the one-at-a-time run up to float64 rounding."""
+    from framework import batched_conv, replicas
+
+    convs, forwards = [], []
+    as_matmul, run_forwards = batched_conv.conv2d_as_matmul, replicas.run_forwards
+    monkeypatch.setattr(batched_conv, "conv2d_as_matmul", lambda *a, **kw: convs.append(1) or as_matmul(*a, **kw))
+    monkeypatch.setattr(replicas, "run_forwards", lambda *a, **kw: forwards.append(1) or run_forwards(*a, **kw))
+    cfg = ["runtime.dtype=float64", "scheduler=fl", "model=vgg5"]
+    alone = run(tmp_path / "alone", cfg + ["runtime.batch_replicas=false"])
+    grouped = run(tmp_path / "grouped", cfg + ["runtime.batch_replicas=true"])  # the default on a CPU
+    assert not convs and forwards
+    forwards.clear()
+    batched = run(tmp_path / "batched", cfg + ["runtime.batch_replicas=true", "runtime.replica_conv=matmul"])
+    assert len(convs) == 3 * len(forwards) > 0  # VGG-5's three convolutions in every batched forward
+    assert_same_run(alone, batched, rtol=1e-10)
+    assert_same_run(grouped, batched, rtol=1e-10)
+
+
 def test_deferring_alone_changes_no_bit(tmp_path, monkeypatch):
     """Running each call when its result is first needed, in admission order, is the same
     program: bit-identical weights and metrics (dropout's random draws included)."""
     cfg = ["scheduler=fl", "model=har_cnn", "dataset=synthetic_har", "dataset.n_train=384", "runtime.batch_replicas=true"]
     now = run(tmp_path / "now", cfg[:-1])
-    monkeypatch.setattr(deferred.DeferredCompute, "__init__", lambda self, batch=True: _init(self, batch=False))
+    monkeypatch.setattr(deferred.DeferredCompute, "__init__", lambda self, batch=True, **kw: _init(self, batch=False, **kw))
     later = run(tmp_path / "later", cfg)
     assert later[0].runtime.deferred.calls > 0 and later[0].runtime.deferred.batched == 0
     assert_same_run(now, later, rtol=0)

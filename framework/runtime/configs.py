@@ -15,6 +15,7 @@ class SimConfig(RuntimeConfig):
     name: str = "sim"
     torch_device: str = "cpu"  # where tensor work runs: cpu | cuda | cuda:<n> (time still comes from the device models)
     batch_replicas: Optional[bool] = None  # run identical replicas' forwards/backwards as one vmapped call; null: on for cuda
+    replica_conv: Optional[str] = None  # batched convolutions: matmul (faster on a GPU, more memory) | grouped; null: matmul on cuda
     tf32: bool = False  # cuda only: float32 convolutions and matmuls on TF32 tensor cores (faster, 10 mantissa bits: drifts from the CPU run)
 
 

@@ -100,8 +100,9 @@ def _group_key(call: DeferredCall):
 
 
 class DeferredCompute:
-    def __init__(self, batch: bool = True):
+    def __init__(self, batch: bool = True, conv_as_matmul: bool = False):
         self.batch = batch
+        self.conv_as_matmul = conv_as_matmul  # replicas.run_forwards' choice (runtime.replica_conv)
         self.pending: list[DeferredCall] = []
         self.calls = 0  # calls run; of them, a Stage's (by kind), and those inside a batched call
         self.calls_by_kind: Counter = Counter()
@@ -249,7 +250,7 @@ class DeferredCompute:
         kind, _ = _stage_op(members[0].fn)
         try:
             if kind == "forward":
-                out = replicas.run_forwards([replicas.ForwardRequest(c.fn.__self__, *c.args, **c.kwargs) for c in members])
+                out = replicas.run_forwards([replicas.ForwardRequest(c.fn.__self__, *c.args, **c.kwargs) for c in members], self.conv_as_matmul)
             elif kind == "step":
                 out = replicas.run_steps([c.fn.__self__ for c in members])
             else:

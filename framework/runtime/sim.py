@@ -43,6 +43,14 @@ def batches_replicas(cfg, cluster: Cluster, device: torch.device) -> bool:
     return True
 
 
+
+def convs_as_matmul(cfg, device: torch.device) -> bool:
+    """Whether batched replicas' convolutions run as matrix products (framework/batched_conv.py):
+    `runtime.replica_conv=matmul`, by default where tensor work runs on a GPU."""
+    choice = cfg.get("replica_conv") if cfg is not None else None
+    return device.type == "cuda" if choice is None else choice == "matmul"
+
+
 class SimRuntime(Runtime):
     """Runs role programs on the virtual clock."""
 
@@ -59,7 +67,7 @@ class SimRuntime(Runtime):
         # tensor work may run on a GPU; codecs and their state work on the CPU: messages cross there
         device = torch.device(str(cfg.get("torch_device", "cpu")) if cfg is not None else "cpu")
         self.torch_device = None if device.type == "cpu" else device
-        self.deferred = DeferredCompute() if batches_replicas(cfg, cluster, device) else None
+        self.deferred = DeferredCompute(conv_as_matmul=convs_as_matmul(cfg, device)) if batches_replicas(cfg, cluster, device) else None
         if self.deferred is not None:  # hooks given deferred numbers wait for them
             self.hooks = DeferredHooks(self.hooks, self.deferred.flush)
             self.deferred.on_flushed = self.hooks.release
