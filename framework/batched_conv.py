@@ -30,14 +30,17 @@ _CONV2D_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "gro
 
 
 def _pair(v) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[-1]))  # torch takes (s,) for (s, s)
 
 
-def _padding(padding, kernel: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int] | None:
-    """Zero-padding per side as (rows, columns); None where it is not symmetric ('same', even span)."""
+def _padding(padding, kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int] | None:
+    """Zero-padding per side as (rows, columns); None where torch's convolution should decide
+    ('same' with an even span is asymmetric; with a stride it is torch's error to raise)."""
     if padding == "valid":
         return 0, 0
     if padding == "same":
+        if stride != (1, 1):
+            return None
         spans = [d * (k - 1) for d, k in zip(dilation, kernel)]
         return None if any(s % 2 for s in spans) else (spans[0] // 2, spans[1] // 2)
     return _pair(padding)
@@ -70,8 +73,8 @@ class ConvAsMatmul(TorchFunctionMode):
         if func is torch.conv2d:
             a = {**dict(zip(_CONV2D_ARGS, args)), **kwargs}
             x, weight = a["input"], a["weight"]
-            dilation = _pair(a.get("dilation", 1))
-            padding = _padding(a.get("padding", 0), tuple(weight.shape[2:]), dilation)
+            stride, dilation = _pair(a.get("stride", 1)), _pair(a.get("dilation", 1))
+            padding = _padding(a.get("padding", 0), tuple(weight.shape[2:]), stride, dilation)
             if a.get("groups", 1) == 1 and padding is not None and x.dim() == 4:
-                return conv2d_as_matmul(x, weight, a.get("bias"), a.get("stride", 1), padding, dilation)
+                return conv2d_as_matmul(x, weight, a.get("bias"), stride, padding, dilation)
         return func(*args, **kwargs)

@@ -17,6 +17,7 @@ CASES = [  # (kernel, stride, padding, dilation, bias)
     ((3, 3), 1, 2, 2, True),
     ((5, 5), 1, "same", 1, True),
     ((3, 3), 1, "valid", (1, 2), False),
+    ((3, 3), (2,), (1,), (1,), True),  # one-element tuples: torch repeats them
 ]
 
 
@@ -67,6 +68,12 @@ def test_what_it_does_not_cover_goes_to_torch(monkeypatch, groups, kernel, paddi
         ours = F.conv2d(x, w, b, 1, padding, 1, groups)
     assert not calls
     assert torch.equal(ours, F.conv2d(x, w, b, 1, padding, 1, groups))
+
+
+def test_same_padding_with_a_stride_is_torchs_error():
+    x, w, b = _inputs((3, 3), True)
+    with ConvAsMatmul(), pytest.raises(RuntimeError, match="same"):
+        F.conv2d(x, w, b, 2, "same")
 
 
 def test_other_operators_pass_through():
