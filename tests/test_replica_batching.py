@@ -303,10 +303,13 @@ def test_a_batched_round_never_waits_for_the_device(tmp_path, monkeypatch, extra
 
 @pytest.mark.parametrize("foreach", [False, True], ids=["single-tensor", "foreach"])
 @pytest.mark.parametrize("momentum,nesterov", [(0.0, False), (0.9, False), (0.9, True)])
-def test_sgd_steps_equal_each_optimizer_stepping_alone(foreach, momentum, nesterov):
+@pytest.mark.parametrize("late", [False, True], ids=["all-at-once", "one-buffer-late"])
+def test_sgd_steps_equal_each_optimizer_stepping_alone(foreach, momentum, nesterov, late):
     """Replicas' optimizer steps as one update (`lean_torch.sgd_steps`, what a batched `step`
-    runs): every parameter and momentum buffer bit-equal to each optimizer's own step, over two
-    steps (the buffers made, then used). The foreach path is the one torch takes on a GPU."""
+    runs): every parameter and momentum buffer bit-equal to each optimizer's own step, over three
+    steps (the buffers made, then used). The foreach path is the one torch takes on a GPU. With
+    `late`, one replica's parameter has no gradient in the first step, so its buffer is made in
+    the second, among buffers that exist: it must land in that replica's optimizer."""
     from framework.lean_torch import SGD, sgd_steps
 
     g = torch.Generator().manual_seed(0)
@@ -320,13 +323,13 @@ def test_sgd_steps_equal_each_optimizer_stepping_alone(foreach, momentum, nester
             out.append((ps, SGD(ps, lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=1e-3, foreach=foreach)))
         return out
 
-    grads = [[[torch.randn(s, generator=g) for s in shapes] for _ in range(3)] for _ in range(2)]
+    grads = [[[torch.randn(s, generator=g) for s in shapes] for _ in range(3)] for _ in range(3)]
     alone, together = replicas(), replicas()
-    for step in range(2):
+    for step in range(3):
         for ps_opts in (alone, together):
-            for (ps, _), gs in zip(ps_opts, grads[step]):
-                for p, gr in zip(ps, gs):
-                    p.grad = gr.clone()
+            for k, ((ps, _), gs) in enumerate(zip(ps_opts, grads[step])):
+                for i, (p, gr) in enumerate(zip(ps, gs)):
+                    p.grad = None if late and step == 0 and (k, i) == (1, 1) else gr.clone()
         for _, opt in alone:
             opt.step()
         sgd_steps([opt for _, opt in together])
@@ -334,7 +337,8 @@ def test_sgd_steps_equal_each_optimizer_stepping_alone(foreach, momentum, nester
             for a, t in zip(pa, pt):
                 assert torch.equal(a, t)
                 if momentum:
-                    assert torch.equal(oa.state[a]["momentum_buffer"], ot.state[t]["momentum_buffer"])
+                    ba, bt = oa.state.get(a, {}).get("momentum_buffer"), ot.state.get(t, {}).get("momentum_buffer")
+                    assert (ba is None and bt is None) if late and step == 0 and a is pa[1] and oa is alone[1][1] else torch.equal(ba, bt)
 
 
 @cuda
