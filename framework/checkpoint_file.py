@@ -19,7 +19,6 @@ class CheckpointError(PipelabError):
     """A checkpoint cannot be written (state that has no stored form) or read (missing, damaged)."""
 
 
-
 _ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
 
 

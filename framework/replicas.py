@@ -28,6 +28,7 @@ a batched call would draw other random numbers than the replicas one by one.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -180,10 +181,7 @@ def run_forwards(reqs: list[ForwardRequest], conv_as_matmul: bool = False) -> li
     def one(ps, bs, xi):
         return torch.func.functional_call(base, {**dict(zip(names, ps)), **dict(zip(buffer_names, bs))}, (xi,))
 
-    if conv_as_matmul:
-        with ConvAsMatmul():
-            y = torch.func.vmap(one)(params, buffers, x)
-    else:
+    with ConvAsMatmul() if conv_as_matmul else nullcontext():
         y = torch.func.vmap(one)(params, buffers, x)
     with torch.no_grad():  # BatchNorm updated the stacked statistics in place: back to each replica,
         # through .data as BatchNorm's own update does, so a replica's graph held from an earlier

@@ -109,13 +109,11 @@ def check_replica_conv(runtime, device: str) -> None:
         return
     if conv not in ("matmul", "grouped"):
         raise ConfigError("runtime.replica_conv", f"{conv!r} is not a way to convolve batched replicas; choices: matmul, grouped, null (matmul on cuda, grouped on cpu)")
-    batched = runtime.get("batch_replicas")
-    if batched is None:
-        batched = device != "cpu"
     if not runtime.numerics:
         raise ConfigError("runtime.replica_conv", "sets how batched replicas convolve, and a timing-only run (runtime.numerics=false) convolves nothing; leave runtime.replica_conv=null")
-    if not batched:
-        why = "runtime.batch_replicas=false" if runtime.get("batch_replicas") is not None else "runtime.batch_replicas=null is off on cpu"
+    batched = runtime.get("batch_replicas")
+    if batched is False or (batched is None and device == "cpu"):
+        why = "runtime.batch_replicas=false" if batched is False else "runtime.batch_replicas=null is off on cpu"
         raise ConfigError("runtime.replica_conv", f"sets how batched replicas convolve, but none are batched here ({why}); set runtime.batch_replicas=true, or leave runtime.replica_conv=null")
 
 

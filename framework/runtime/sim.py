@@ -43,7 +43,6 @@ def batches_replicas(cfg, cluster: Cluster, device: torch.device) -> bool:
     return True
 
 
-
 def convs_as_matmul(cfg, device: torch.device) -> bool:
     """Whether batched replicas' convolutions run as matrix products (framework/batched_conv.py):
     `runtime.replica_conv=matmul`, by default where tensor work runs on a GPU."""
