@@ -30,6 +30,7 @@ import argparse
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -92,14 +93,13 @@ def setup(variant, model_cfg, shape, base, init, xs, ys, lr, dev):
     buffer_names = [n for n, _ in base.named_buffers()]
     params = [torch.stack([q] * k).clone() for q in init]
     buffers = [torch.stack([bf.detach().clone() for _ in range(k)]) for bf in base.buffers()]
-    if variant == "vmap":
-        return (lambda: batched(base, names, buffer_names, params, buffers, xs, ys, lr)), (lambda: params)
+    mode = nullcontext if variant == "vmap" else ConvAsMatmul
 
-    def as_matmul():
-        with ConvAsMatmul():
+    def step():
+        with mode():
             batched(base, names, buffer_names, params, buffers, xs, ys, lr)
 
-    return as_matmul, (lambda: params)
+    return step, (lambda: params)
 
 
 def main() -> None:

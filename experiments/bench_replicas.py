@@ -2,7 +2,7 @@
 
 Runs one epoch of FL and PiPar with K devices (default 64, VGG-5 on the CIFAR-shaped set,
 batch 32, `cluster=pipar_wifi`: identical devices) under `runtime=sim`, side by side in one
-process, in up to four ways:
+process, in these ways (the `gpu` ones where CUDA exists):
 
 - `cpu`: tensor work on the CPU, each replica's forward and backward its own call;
 - `cpu batched`: `runtime.batch_replicas=true`, identical replicas as one vmapped call;
