@@ -81,9 +81,8 @@ def sgd_steps(optimizers: list[SGD]) -> None:
 
 def _update(pairs: list[tuple[SGD, dict]], foreach_on_cpu: bool = False) -> None:
     """torch's SGD update of every (optimizer, parameter group) in `pairs`, all of the first's
-    hyper-parameters, as one call: the single-tensor update on the CPU (what torch.optim.SGD picks
-    there; foreach with `foreach_on_cpu`), torch's own choice elsewhere; a momentum buffer made by the
-    update (a first step) goes into its optimizer's state."""
+    hyper-parameters, as one `sgd_update`; a momentum buffer made by the update (a first step)
+    goes into its optimizer's state."""
     group = pairs[0][1]
     params: list[torch.Tensor] = []
     grads: list[torch.Tensor] = []
@@ -94,12 +93,27 @@ def _update(pairs: list[tuple[SGD, dict]], foreach_on_cpu: bool = False) -> None
         first = len(params)
         sparse |= opt._init_group(g, params, grads, buffers)
         spans.append((opt, first, len(params)))
-    hyper = dict(weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"], dampening=group["dampening"],
-                 nesterov=group["nesterov"], maximize=group["maximize"], has_sparse_grad=sparse)
     # torch's updates change an existing momentum buffer in place and put a new one only where
     # there was none (a first step): only those go back to their optimizer's state (a write-back
     # of every buffer hashed each parameter again, 896 a batched step of 64 VGG-5s)
     created = [i for i, b in enumerate(buffers) if b is None] if group["momentum"] != 0 else []
+    sgd_update(params, grads, buffers, group, foreach_on_cpu, sparse)
+    if created:
+        owners = iter(spans)
+        opt, _, stop = next(owners)
+        for i in created:
+            while i >= stop:
+                opt, _, stop = next(owners)
+            opt.state[params[i]]["momentum_buffer"] = buffers[i]
+
+
+def sgd_update(params: list, grads: list, buffers: list, group: dict, foreach_on_cpu: bool = False, sparse: bool = False) -> None:
+    """torch's SGD update of `params` with `grads` and momentum `buffers` (a None entry: made
+    by the update, in place in the list) under the hyper-parameters of the parameter group
+    `group`: the single-tensor update on the CPU (what torch.optim.SGD picks there; foreach with
+    `foreach_on_cpu`), torch's own choice elsewhere."""
+    hyper = dict(weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"], dampening=group["dampening"],
+                 nesterov=group["nesterov"], maximize=group["maximize"], has_sparse_grad=sparse)
     with torch.no_grad():
         single_tensor = not group["foreach"] and all(p.device.type == "cpu" for p in params)  # torch's pick here
         if single_tensor and foreach_on_cpu and not sparse:
@@ -108,13 +122,6 @@ def _update(pairs: list[tuple[SGD, dict]], foreach_on_cpu: bool = False) -> None
             _sgd._single_tensor_sgd(params, grads, buffers, None, None, **hyper)
         else:
             _sgd.sgd(params, grads, buffers, foreach=group["foreach"], fused=group["fused"], **hyper)
-    if created:
-        owners = iter(spans)
-        opt, _, stop = next(owners)
-        for i in created:
-            while i >= stop:
-                opt, _, stop = next(owners)
-            opt.state[params[i]]["momentum_buffer"] = buffers[i]
 
 
 _run_backward = getattr(torch.autograd.graph, "_engine_run_backward", None)

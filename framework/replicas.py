@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from framework import lean_torch
+from framework import lean_torch, replica_bank
 from framework.batched_conv import ConvAsMatmul
 
 _RANDOM_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
@@ -151,8 +151,11 @@ def step_signature(stage) -> tuple | None:
 
 
 def run_steps(stages: list) -> list:
-    """The optimizer steps of `stages` (equal step signatures) as one update (lean_torch.sgd_steps)."""
-    lean_torch.sgd_steps([st.optimizer for st in stages])
+    """The optimizer steps of `stages` (equal step signatures) as one update: over their
+    parameters' bank (framework/replica_bank.py) where it holds, else over each replica's tensors
+    (lean_torch.sgd_steps)."""
+    if not replica_bank.step(stages):
+        lean_torch.sgd_steps([st.optimizer for st in stages])
     for st in stages:
         st.finish_step()
     return [None] * len(stages)
@@ -163,6 +166,13 @@ def run_forwards(reqs: list[ForwardRequest], conv_as_matmul: bool = False) -> li
     what each `Stage.forward` would have returned (on a last stage, a `LossRow` whose `get()`
     returns it). `conv_as_matmul`: 2-D convolutions as batched matrix products
     (framework/batched_conv.py), not grouped convolutions."""
+    order = replica_bank.bank_order([r.stage for r in reqs])
+    if order is not None:  # in their bank's row order, so that their gradients come out as its rows
+        results = run_forwards([reqs[i] for i in order], conv_as_matmul)
+        out: list = [None] * len(reqs)
+        for i, res in zip(order, results):
+            out[i] = res
+        return out
     stages = [r.stage for r in reqs]
     base = stages[0].module
     names = stages[0].param_names

@@ -82,6 +82,8 @@ class Stage:
         self.buffers = dict(self.module.named_buffers())
         self._history: dict = {}  # feature replay: key -> (input, RNG state, weight version)
         self.peak_history = 0
+        self.bank = None  # the ReplicaBank whose rows hold this stage's parameters, if any (framework/replica_bank.py)
+        self.bank_row = -1  # and which row
 
     # what a batched call of identical replicas needs to know (framework/replicas.py); asked only
     # when replicas are batched, so building thousands of timing-only stages does not pay for it
@@ -160,6 +162,11 @@ class Stage:
         """`key`'s share of a batched forward's graph; None if its forward ran alone (or never)."""
         entry = self._saved.get(key)
         return entry[0] if entry is not None and isinstance(entry[0], replicas.Slot) else None
+
+    def holds_unbatched_graph(self) -> bool:
+        """Whether a forward that ran alone (its graph saved this stage's own parameters) awaits
+        its backward."""
+        return any(type(entry[0]) is not replicas.Slot for entry in self._saved.values())
 
     def release(self, key) -> replicas.Slot:
         """Give up `key`'s share of a batched forward's graph, for its backward."""
@@ -274,4 +281,7 @@ class Stage:
             if "module" in desc:
                 ck.load_module_state(bag, desc["module"], self.module)
             ck.load_optimizer_state(bag, desc["optimizer"], self.optimizer)
+            if self.bank is not None:  # the loaded momentum buffers are not the bank's rows
+                self.bank.retire()
+                self.bank = None
 

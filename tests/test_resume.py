@@ -97,6 +97,13 @@ def test_fl_devices_identical_models_are_stored_once_and_resume_bit_identical(tm
         assert len(kept) == 1 and {k: aliases[k] for k in keys - kept} == dict.fromkeys(keys - kept, kept.pop()), name
 
 
+def test_batched_fl_resumes_bit_identical(tmp_path):
+    """Replicas batched, their steps over a bank of their parameters (framework/replica_bank.py):
+    the resumed roles' first group step builds a bank that takes in the restored momentum
+    buffers, and the resumed run is the uninterrupted one."""
+    _stop_and_resume(tmp_path, ["scheduler=fl", "cluster=pipar_wifi", "cluster.num_devices=3", "model=mlp", "dataset=synthetic_mnist", "runtime.batch_replicas=true"])
+
+
 def test_identical_bits_under_one_name_are_stored_once_and_load_as_copies(tmp_path):
     bag = ck.Bag()
     w = torch.randn(4, 3)

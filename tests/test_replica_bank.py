@@ -1,0 +1,225 @@
+"""Replicas' parameters and momentum as rows of one tensor each (framework/replica_bank.py): a
+group step over the bank leaves every parameter and momentum buffer bit for bit where each
+replica's own step leaves it, whatever happens to a replica between group steps; where the bank
+cannot serve a group, the per-replica update runs instead."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from framework import replica_bank, replicas
+from framework.models import build_model
+from framework.stage import Stage
+from tests.conftest import compose_cfg
+from tests.test_replica_batching import run
+
+K = 4
+
+
+def _stages(overrides=(), k=K):
+    cfg = compose_cfg(["model=lenet", *overrides])
+    torch.manual_seed(0)
+    model = build_model(cfg.model, (1, 28, 28), 10)
+    out = []
+    for i in range(k):
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.01 * i)
+        out.append(Stage(m, 0, len(m), cfg.train))
+    return out
+
+
+def _set_grads(stages, step: int, as_rows: bool) -> None:
+    """Gradients for `step`: as the rows of one stacked tensor per parameter (what a batched
+    backward leaves) or as tensors of their own."""
+    g = torch.Generator().manual_seed(100 + step)
+    for n in stages[0].param_names:
+        shape = stages[0].params[n].shape
+        stacked = torch.randn(len(stages), *shape, generator=g)
+        for st, row in zip(stages, stacked.unbind(0) if as_rows else [t.clone() for t in stacked]):
+            st.params[n].grad = row
+
+
+def _assert_equal(a: list[Stage], b: list[Stage]) -> None:
+    for sa, sb in zip(a, b):
+        for (n, p), q in zip(sa.params.items(), sb.params.values()):
+            assert torch.equal(p, q), n
+            ba, bb = sa.optimizer.state.get(p, {}).get("momentum_buffer"), sb.optimizer.state.get(q, {}).get("momentum_buffer")
+            assert (ba is None) == (bb is None) and (ba is None or torch.equal(ba, bb)), n
+
+
+@pytest.mark.parametrize("as_rows", [True, False], ids=["grad-rows", "grad-tensors"])
+@pytest.mark.parametrize(
+    "optim",
+    [["train.momentum=0.0"], ["train.momentum=0.9", "train.weight_decay=1e-3"], ["train.momentum=0.9", "nesterov"]],
+    ids=["plain", "momentum-decay", "nesterov"],
+)
+def test_bank_steps_equal_each_replica_stepping_alone(optim, as_rows):
+    """Three group steps over the bank, the group arriving in a different order each time: every
+    parameter and momentum buffer bit-equal to each replica's own `step()`; the parameters stay
+    the module's, the optimizer's and the Stage's objects, and their values are the bank's rows."""
+    alone, banked = _stages([o for o in optim if o != "nesterov"]), _stages([o for o in optim if o != "nesterov"])
+    for st in alone + banked:  # no config key sets it; the update reads it from the group
+        st.optimizer.param_groups[0]["nesterov"] = "nesterov" in optim
+    objects = [[id(p) for p in st.module.parameters()] for st in banked]
+    for step, order in enumerate([[0, 1, 2, 3], [2, 0, 3, 1], [3, 2, 1, 0]]):
+        _set_grads(alone, step, as_rows)
+        _set_grads(banked, step, as_rows)
+        for st in alone:
+            st.step()
+        assert replica_bank.step([banked[i] for i in order])
+        for st in banked:
+            st.finish_step()
+        _assert_equal(alone, banked)
+    bank = banked[0].bank
+    assert all(st.bank is bank for st in banked) and [st.bank_row for st in banked] == [0, 1, 2, 3]
+    assert objects == [[id(p) for p in st.module.parameters()] for st in banked]
+    assert all(st.params[n] is p and p in st.optimizer.state or not st.optimizer.defaults["momentum"] for st in banked for n, p in st.module.named_parameters())
+    for i, st in enumerate(banked):
+        for j, p in enumerate(st.params.values()):
+            assert p.data_ptr() == bank.params[j][i].data_ptr()
+
+
+def test_what_a_replica_does_alone_between_group_steps_lands_in_its_rows():
+    """A lone step, a load into the module and a restored optimizer state between group steps:
+    the next group step starts from them (a restored state retires the bank, and a new one is
+    built), and all stays bit-equal to the replicas stepping alone."""
+    opts = ["train.momentum=0.9", "train.weight_decay=1e-3"]
+    alone, banked = _stages(opts), _stages(opts)
+
+    def group_step(step):
+        _set_grads(alone, step, True)
+        _set_grads(banked, step, True)
+        for st in alone:
+            st.step()
+        assert replica_bank.step(banked)
+        for st in banked:
+            st.finish_step()
+
+    group_step(0)
+    for stages in (alone, banked):  # replica 1 steps alone
+        _set_grads(stages, 10, False)
+        stages[1].step()
+        for st in stages:
+            st.finish_step() if st is not stages[1] else None
+    group_step(1)
+    _assert_equal(alone, banked)
+    first = banked[0].bank
+    state = {k: v.clone() for k, v in alone[3].module.state_dict().items()}
+    for stages in (alone, banked):  # a FedAvg-style load into replica 3's module, in place
+        stages[3].module.load_state_dict(state)
+    from framework import checkpoint as ck
+
+    for stages in (alone, banked):  # replica 2's optimizer state restored from a checkpoint
+        bag = ck.Bag()
+        desc = stages[2].checkpoint(bag, "s")
+        stages[2].restore(bag, desc)
+    assert not first.live and banked[2].bank is None
+    group_step(2)
+    assert banked[0].bank is not first and banked[0].bank.live
+    _assert_equal(alone, banked)
+
+
+def test_groups_the_bank_cannot_serve_take_the_per_replica_update():
+    """A smaller group, a replica holding a lone forward's graph, a missing gradient, a moved
+    parameter: `step` declines (the caller runs lean_torch.sgd_steps) and changes nothing; a
+    moved parameter retires the bank, and the next group step builds one afresh."""
+    stages = _stages(["train.momentum=0.9"])
+    _set_grads(stages, 0, True)
+    assert replica_bank.step(stages)
+    for st in stages:
+        st.finish_step()
+    bank = stages[0].bank
+    before = [p.clone() for st in stages for p in st.params.values()]
+
+    def unchanged():
+        return all(torch.equal(a, p) for a, p in zip(before, [p for st in stages for p in st.params.values()]))
+
+    _set_grads(stages, 1, True)
+    assert not replica_bank.step(stages[:3]) and unchanged() and stages[0].bank is bank  # no smaller bank
+    x = torch.randn(2, 1, 28, 28)
+    stages[2].forward(x, "k", torch.tensor([1, 2]))
+    assert stages[2].holds_unbatched_graph()
+    assert not replica_bank.step(stages) and unchanged()
+    stages[2].backward("k")
+    stages[1].params[stages[1].param_names[0]].grad = None
+    assert not replica_bank.step(stages) and unchanged()
+    _set_grads(stages, 1, True)
+    p = stages[3].params[stages[3].param_names[0]]
+    p.data = p.data.clone()  # out of its row
+    assert replica_bank.step(stages) and stages[0].bank is not bank and not bank.live
+    assert not unchanged()
+
+
+def test_mixed_momentum_builds_no_bank():
+    """Replicas of which some have momentum buffers and some not yet (stepped different numbers
+    of times) are not banked: their group takes the per-replica update."""
+    stages = _stages(["train.momentum=0.9"])
+    _set_grads(stages, 0, False)
+    stages[0].step()
+    assert replica_bank.ReplicaBank.build(stages) is None
+    _set_grads(stages, 1, False)
+    assert not replica_bank.step(stages)
+    assert all(st.bank is None for st in stages)
+
+
+def test_as_rows_views_only_a_tensors_rows():
+    base = torch.randn(5, 3, 4)
+    rows = list(base.unbind(0))
+    view = replica_bank._as_rows(rows)
+    assert view is not None and view.data_ptr() == base.data_ptr() and torch.equal(view, base)
+    t = torch.randn(5, 4, 3).transpose(1, 2)  # rows of a transposed gradient (a Linear weight's)
+    assert torch.equal(replica_bank._as_rows(list(t.unbind(0))), t)
+    assert replica_bank._as_rows([r.clone() for r in rows]) is None  # tensors of their own
+    assert replica_bank._as_rows([rows[1], rows[0], *rows[2:]]) is None  # not in row order
+    assert replica_bank._as_rows(rows[::2]) is not None and torch.equal(replica_bank._as_rows(rows[::2]), base[::2])
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["scheduler=fl", "model=vgg5"], pytest.param(["scheduler=pipar", "model=lenet", "scheduler.P=2", "scheduler.N=2"], marks=pytest.mark.slow)],
+    ids=["fl", "pipar"],
+)
+def test_batched_runs_step_over_the_bank_bit_for_bit(tmp_path, monkeypatch, extra):
+    """Two epochs of a batched run (the devices' order changes between them) with the bank and
+    with the per-replica update only: the same weights bit for bit, and every group step ran over
+    the bank. PiPar with two micro-batches sums each replica's gradients (not rows: stacked)."""
+    used = []
+    step = replica_bank.step
+    monkeypatch.setattr(replica_bank, "step", lambda stages: used.append(step(stages)) or used[-1])
+    cfg = [*extra, "runtime.batch_replicas=true", "train.epochs=2"]
+    banked = run(tmp_path / "bank", cfg)
+    monkeypatch.setattr(replica_bank, "step", lambda stages: False)
+    plain = run(tmp_path / "plain", cfg)
+    assert used and all(used)
+    assert banked[0].runtime.deferred.batched_by_kind["step"] > 0
+    assert banked[2].keys() == plain[2].keys() and all(torch.equal(banked[2][k], plain[2][k]) for k in banked[2])
+    assert banked[1]["metrics"]["val/acc"] == plain[1]["metrics"]["val/acc"]
+
+
+def test_run_forwards_returns_results_in_request_order_when_it_runs_them_in_bank_order():
+    """A batched forward of banked stages arriving out of row order runs them in row order (so
+    their gradients come out as the bank's rows) and hands each request its own result."""
+    stages = _stages()
+    _set_grads(stages, 0, True)
+    assert replica_bank.step(stages)
+    for st in stages:
+        st.finish_step()
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(2, 1, 28, 28, generator=g) for _ in stages]
+    order = [2, 0, 3, 1]
+    outs = replicas.run_forwards([replicas.ForwardRequest(stages[i], xs[i], "k", torch.tensor([0, 1])) for i in order])
+    got = [o.get() for o in outs]
+    want = []
+    for i in order:
+        with torch.no_grad():
+            y = stages[i].module(xs[i])
+        want.append(torch.nn.functional.cross_entropy(y, torch.tensor([0, 1]), reduction="sum").item())
+    assert [g[0] for g in got] == pytest.approx(want, rel=1e-6)
+    assert [st.slot_of("k").index for st in stages] == [0, 1, 2, 3]  # the shared graph's rows: bank order
+    replicas.run_backwards([replicas.BackwardRequest(st, "k") for st in stages])
+    assert replica_bank._as_rows([st.params[st.param_names[0]].grad for st in stages]) is not None
