@@ -106,7 +106,7 @@ class ReplicaBank:
             grads = [st.params[n].grad for st in self.stages]
             if any(g is None for g in grads):
                 return None
-            rows = _as_rows(grads)
+            rows = as_rows(grads)
             out.append(torch.stack(grads) if rows is None else rows)
         return out
 
@@ -163,7 +163,7 @@ def _state(optimizer, p) -> dict:
     return optimizer.state.get(p) or {}
 
 
-def _as_rows(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+def as_rows(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """`torch.stack(tensors)` as a view, without a copy, where the tensors are views of one tensor
     laid out evenly in its memory with one layout (the rows of a stacked tensor); else None."""
     t0 = tensors[0]

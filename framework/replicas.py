@@ -12,7 +12,10 @@ stage's losses and correct counts stay on the device (`LossRow`) until a member'
 `run_backwards(requests)` runs the backwards of stages whose forwards ran together as one
 autograd call over the shared graph (zero gradient for members not in the call; the graph is kept
 until its last member is done) and adds each member's slice of the gradients to its own
-parameters. Results equal the one-at-a-time calls up to rounding (float64: about 1e-15).
+parameters (where all members are in the call and hold gradients that are one tensor's rows, the
+second micro-batch's, as one stacked add per parameter). `run_steps(stages)` runs the replicas'
+SGD steps as one update over their bank (framework/replica_bank.py). Results equal the
+one-at-a-time calls up to rounding (float64: about 1e-15).
 
 **Nothing in these calls waits for the device.** Reading a value back (`item`, `tolist`) and
 copying host data to the device (`torch.tensor(..., device=)`, indexing with a Python list) each
@@ -248,12 +251,38 @@ def run_backwards(reqs: list[BackwardRequest]) -> list:
     # November). A CPU's foreach update runs per tensor anyway, and there the copies cost more
     # than the strided update saves (batched FL, 64 LeNets: 1.28-1.42 s against 0.89-1.09 s)
     grads = [g if g is None or not g.is_cuda or g.is_contiguous() else g.contiguous() for g in grads]
+    summed = _add_held_gradients(graph, [r.stage for r in reqs], idx, grads) if completes else set()
     rows = [None if g is None else g.unbind(0) for g in grads]  # one call per tensor, not one per member (GPU: host time per op)
     out = []
     for r, i in zip(reqs, idx):
-        r.stage.add_grads([None if g is None else g[i] for g in rows])
+        r.stage.add_grads([None if g is None else g[i] for g in rows], replace=summed)
         out.append(None if graph.x is None else rows[-1][i])
     return out
+
+
+def _add_held_gradients(graph: SharedGraph, stages: list, idx: list[int], grads: list) -> set[int]:
+    """Where every row of `graph` is in this backward and each parameter's
+    gradients held from an earlier backward are the rows of one tensor (a batched backward's, as
+    with several micro-batches per iteration), add them to the new gradients as one stacked add
+    per parameter, not one per replica; returns the indices of the parameters done so (their new
+    gradients replace the held ones). The same additions, element for element."""
+    if len(idx) != len(graph.inputs):
+        return set()
+    by_row = [None] * len(idx)
+    for st, i in zip(stages, idx):
+        by_row[i] = st
+    done = set()
+    for j, name in enumerate(stages[0].param_names):
+        if grads[j] is None:
+            continue
+        held = [st.params[name].grad for st in by_row]
+        if held[0] is None or any(g is None for g in held):
+            continue
+        rows = replica_bank.as_rows(held)
+        if rows is not None and rows.shape == grads[j].shape:
+            grads[j] = rows + grads[j]  # p.grad + g, as Stage.add_grads adds
+            done.add(j)
+    return done
 
 
 def _seed(graph: SharedGraph, reqs: list[BackwardRequest], slots: list[Slot]) -> torch.Tensor:

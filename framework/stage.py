@@ -235,12 +235,14 @@ class Stage:
         """Inputs kept for replay."""
         return len(self._history)
 
-    def add_grads(self, grads) -> None:
+    def add_grads(self, grads, replace=()) -> None:
         """Accumulate parameter gradients given in `named_parameters` order (None: no gradient;
-        entries beyond the parameters, such as an input gradient, are ignored)."""
-        for p, g in zip(self.params.values(), grads):
+        entries beyond the parameters, such as an input gradient, are ignored). The parameters
+        whose indices are in `replace` take theirs as given: the sum with the held gradient
+        made already (framework/replicas.py)."""
+        for j, (p, g) in enumerate(zip(self.params.values(), grads)):
             if g is not None:
-                p.grad = g if p.grad is None else p.grad + g
+                p.grad = g if p.grad is None or j in replace else p.grad + g
 
     def step(self) -> None:
         if self.numerics:

@@ -170,13 +170,13 @@ def test_mixed_momentum_builds_no_bank():
 def test_as_rows_views_only_a_tensors_rows():
     base = torch.randn(5, 3, 4)
     rows = list(base.unbind(0))
-    view = replica_bank._as_rows(rows)
+    view = replica_bank.as_rows(rows)
     assert view is not None and view.data_ptr() == base.data_ptr() and torch.equal(view, base)
     t = torch.randn(5, 4, 3).transpose(1, 2)  # rows of a transposed gradient (a Linear weight's)
-    assert torch.equal(replica_bank._as_rows(list(t.unbind(0))), t)
-    assert replica_bank._as_rows([r.clone() for r in rows]) is None  # tensors of their own
-    assert replica_bank._as_rows([rows[1], rows[0], *rows[2:]]) is None  # not in row order
-    assert replica_bank._as_rows(rows[::2]) is not None and torch.equal(replica_bank._as_rows(rows[::2]), base[::2])
+    assert torch.equal(replica_bank.as_rows(list(t.unbind(0))), t)
+    assert replica_bank.as_rows([r.clone() for r in rows]) is None  # tensors of their own
+    assert replica_bank.as_rows([rows[1], rows[0], *rows[2:]]) is None  # not in row order
+    assert replica_bank.as_rows(rows[::2]) is not None and torch.equal(replica_bank.as_rows(rows[::2]), base[::2])
 
 
 @pytest.mark.parametrize(
@@ -187,15 +187,21 @@ def test_as_rows_views_only_a_tensors_rows():
 def test_batched_runs_step_over_the_bank_bit_for_bit(tmp_path, monkeypatch, extra):
     """Two epochs of a batched run (the devices' order changes between them) with the bank and
     with the per-replica update only: the same weights bit for bit, and every group step ran over
-    the bank. PiPar with two micro-batches sums each replica's gradients (not rows: stacked)."""
-    used = []
-    step = replica_bank.step
+    the bank. PiPar's two micro-batches per iteration: the second backward adds the gradients
+    held from the first as one stacked add per parameter (`_add_held_gradients`), and that too
+    changes no bit against each replica's own additions."""
+    used, summed = [], []
+    step, add_held = replica_bank.step, replicas._add_held_gradients
     monkeypatch.setattr(replica_bank, "step", lambda stages: used.append(step(stages)) or used[-1])
+    monkeypatch.setattr(replicas, "_add_held_gradients", lambda *a: summed.append(add_held(*a)) or summed[-1])
     cfg = [*extra, "runtime.batch_replicas=true", "train.epochs=2"]
     banked = run(tmp_path / "bank", cfg)
     monkeypatch.setattr(replica_bank, "step", lambda stages: False)
+    monkeypatch.setattr(replicas, "_add_held_gradients", lambda *a: set())
     plain = run(tmp_path / "plain", cfg)
     assert used and all(used)
+    if "scheduler.N=2" in extra:  # each iteration's second micro-batch: every parameter summed stacked
+        assert sum(1 for s in summed if s) == len(summed) // 2 and all(s == set(range(len(s))) for s in summed)
     assert banked[0].runtime.deferred.batched_by_kind["step"] > 0
     assert banked[2].keys() == plain[2].keys() and all(torch.equal(banked[2][k], plain[2][k]) for k in banked[2])
     assert banked[1]["metrics"]["val/acc"] == plain[1]["metrics"]["val/acc"]
@@ -222,4 +228,4 @@ def test_run_forwards_returns_results_in_request_order_when_it_runs_them_in_bank
     assert [g[0] for g in got] == pytest.approx(want, rel=1e-6)
     assert [st.slot_of("k").index for st in stages] == [0, 1, 2, 3]  # the shared graph's rows: bank order
     replicas.run_backwards([replicas.BackwardRequest(st, "k") for st in stages])
-    assert replica_bank._as_rows([st.params[st.param_names[0]].grad for st in stages]) is not None
+    assert replica_bank.as_rows([st.params[st.param_names[0]].grad for st in stages]) is not None
