@@ -88,7 +88,7 @@ _ATOMS = frozenset({str, int, float, bool, type(None), torch.dtype, torch.device
 _CONTAINERS = frozenset({dict, OrderedDict, set, list})
 
 
-def clone_module(module: nn.Module, memo: dict | None = None) -> nn.Module:
+def clone_module(module: nn.Module, memo: dict | None = None, in_blocks: bool | None = None) -> nn.Module:
     """A deep copy of `module`, as `copy.deepcopy` makes it, about 3x faster.
 
     Each simulated device owns its model copy, so a K-device run makes 2K copies before it
@@ -96,8 +96,63 @@ def clone_module(module: nn.Module, memo: dict | None = None) -> nn.Module:
     dozen empty hook dictionaries of every submodule. Here submodules are rebuilt directly,
     parameters and buffers are deep-copied (shared ones stay shared, through `memo`), atoms are
     shared and empty containers made anew; anything else, and any module type with its own
-    copy or pickling hooks, goes through `copy.deepcopy`."""
-    return _clone(module, {} if memo is None else memo)
+    copy or pickling hooks, goes through `copy.deepcopy`.
+
+    `in_blocks`: the plain parameters (and, apart, the plain buffers) of each dtype are copied as
+    one block (`_copy_in_blocks`); None: where the module's tensors are not on the CPU. On a GPU
+    each tensor's copy is a kernel launch and an allocation; on a CPU it is a memcpy, and setting
+    up each tensor in a block costs the host more (callgrind, a batched FL epoch of 64 2-wide
+    MLPs: 822.6 M instructions against 794.1 M)."""
+    memo = {} if memo is None else memo
+    if in_blocks is None:
+        first = next(module.parameters(), None)
+        in_blocks = first is not None and first.device.type not in ("cpu", "meta")
+    if in_blocks:
+        _copy_in_blocks(module, memo)
+    return _clone(module, memo)
+
+
+def _copy_in_blocks(module: nn.Module, memo: dict) -> None:
+    """Copies of `module`'s plain, contiguous parameters and buffers into `memo` (by id, as
+    deepcopy's memo), those of each kind, device and dtype made by one `cat` into one block: one
+    kernel launch and one allocation instead of one per tensor (1,625 of the 7,100 non-view
+    torch calls of a batched FL epoch of 64 VGG-5s were these copies; on a GPU each is a launch
+    and an allocation). Each copy lies in the block but is a tensor of its own (`.data =`),
+    not a view: it has its own autograd version counter, so BatchNorm's in-place update of a
+    running statistic does not mark the layer's weight as modified in a graph that saved it.
+    Parameters and buffers are in separate blocks, so that a parameter moved elsewhere (a replica
+    bank's row, framework/replica_bank.py) leaves no buffer holding its old memory."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    groups: dict = {}
+    for m in module.modules():
+        for kind, tensors in (("p", m._parameters), ("b", m._buffers)):
+            for t in tensors.values():
+                if t is not None and id(t) not in memo and _blockable(t, kind):
+                    group = groups.setdefault((kind, t.device, t.dtype), {})
+                    group.setdefault(id(t), t)  # tied tensors once
+    for (kind, device, dtype), group in groups.items():
+        ts = list(group.values())
+        if len(ts) < 2:
+            continue
+        with torch.no_grad():
+            parts = _unflatten_dense_tensors(_flatten_dense_tensors(ts), ts)
+        for t, part in zip(ts, parts):
+            new = torch.empty(0, dtype=dtype, device=device)
+            if kind == "p":
+                new = nn.Parameter(new, t.requires_grad)
+            new.data = part
+            memo[id(t)] = new
+
+
+def _blockable(t: torch.Tensor, kind: str) -> bool:
+    """Whether `_clone_tensor` would copy `t` with `clone` (a plain Parameter or tensor, in
+    neither case anything deepcopy would keep), and a block copy has its layout."""
+    if kind == "p":
+        plain = type(t) is nn.Parameter
+    else:
+        plain = type(t) is torch.Tensor and not t.requires_grad and not t.__dict__
+    return plain and t._base is None and t.grad is None and t.layout is torch.strided and not t.is_quantized and t.is_contiguous() and t.device.type != "meta"
 
 
 def _clone(mod: nn.Module, memo: dict) -> nn.Module:

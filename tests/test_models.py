@@ -288,16 +288,18 @@ def test_resnet18_stems():
     assert sum(p.numel() for p in model.parameters()) == 11_173_962  # standard CIFAR ResNet-18
 
 
+@pytest.mark.parametrize("in_blocks", [False, True], ids=["per-tensor", "blocks"])
 @pytest.mark.parametrize("name,shape,classes,units", CASES, ids=CASE_IDS)
-def test_clone_module_is_a_deep_copy(name, shape, classes, units):
+def test_clone_module_is_a_deep_copy(name, shape, classes, units, in_blocks):
     """The roles' fast copy equals copy.deepcopy: same state, same outputs in train mode (BN
-    statistics included), and nothing shared with the original."""
+    statistics included), and nothing shared with the original; its tensors copied one by one
+    (the CPU's default) or in blocks (a GPU's)."""
     import copy
 
     from framework.models import clone_module
 
     model = build(name, shape, classes)
-    clone, deep = clone_module(model), copy.deepcopy(model)
+    clone, deep = clone_module(model, in_blocks=in_blocks), copy.deepcopy(model)
     assert type(clone) is type(model) and clone.infos == model.infos and clone.unit_names == model.unit_names
     assert clone.unit_names is not model.unit_names and clone.infos is not model.infos
     assert all(a is b for a, b in zip(clone.infos, model.infos))  # frozen descriptions: shared, as deepcopy now shares them
@@ -319,10 +321,42 @@ def test_clone_module_is_a_deep_copy(name, shape, classes, units):
     assert model.training  # so do flags
 
 
+def test_clone_module_copies_in_blocks_each_tensor_its_own():
+    """A copy's parameters lie in one block per dtype and its buffers in another (one copy
+    each, not one per tensor), yet each is a tensor of its own: an in-place change to one
+    advances no other's autograd version, so two training-mode forwards through BatchNorm (which
+    updates its statistics in place) and their backwards run, with deepcopy's gradients."""
+    import copy
+
+    from framework.models import clone_module
+
+    model = build("vgg5", (3, 32, 32), 10)
+    clone, deep = clone_module(model, in_blocks=True), copy.deepcopy(model)  # by default on a GPU only
+    storages = lambda ts: {t.untyped_storage().data_ptr() for t in ts}  # noqa: E731
+    params, buffers = list(clone.parameters()), list(clone.buffers())
+    assert len(storages(params)) == 1 and len(params) > 1
+    assert len(storages(b for b in buffers if b.is_floating_point())) == 1 and not storages(params) & storages(buffers)
+    assert all(p._base is None and type(p) is torch.nn.Parameter and p.requires_grad for p in params)
+    with torch.no_grad():
+        params[0].add_(0.0)
+    assert params[0]._version == 1 and all(p._version == 0 for p in params[1:])
+    x = torch.randn(4, 3, 32, 32)
+    for m in (clone, deep):
+        m.train()
+        y1, y2 = m(x).sum(), m(2 * x).sum()
+        (y1 + y2).backward()
+    for (k, a), b in zip(clone.named_parameters(), deep.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, msg=k)
+    for (k, a), (_, b) in zip(clone.state_dict().items(), deep.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert len(storages(clone_module(model).parameters())) == len(params)  # on the CPU: a copy each
+
+
 def test_clone_module_keeps_tied_parameters_tied():
     from framework.models import clone_module
 
     a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
     b.weight = a.weight
-    twin = clone_module(torch.nn.Sequential(a, b))
-    assert twin[0].weight is twin[1].weight and twin[0].weight is not a.weight
+    for in_blocks in (False, True):
+        twin = clone_module(torch.nn.Sequential(a, b), in_blocks=in_blocks)
+        assert twin[0].weight is twin[1].weight and twin[0].weight is not a.weight
