@@ -352,6 +352,16 @@ def test_clone_module_copies_in_blocks_each_tensor_its_own():
     assert len(storages(clone_module(model).parameters())) == len(params)  # on the CPU: a copy each
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpu_model_is_copied_in_blocks():
+    from framework.models import clone_module
+
+    model = build("vgg5", (3, 32, 32), 10).cuda()
+    clone = clone_module(model)
+    assert len({p.untyped_storage().data_ptr() for p in clone.parameters()}) == 1
+    assert all(torch.equal(a, b) for a, b in zip(clone.state_dict().values(), model.state_dict().values()))
+
+
 def test_clone_module_keeps_tied_parameters_tied():
     from framework.models import clone_module
 
