@@ -136,6 +136,10 @@ def step(stages: list) -> bool:
             return False
         if any(st.holds_unbatched_graph() for st in stages):
             return False
+        if any(p.grad is None for st in stages for p in st.params.values()):
+            # a bank built now must take this step: were its first step a per-replica one, the
+            # momentum buffers that step makes would not be the bank's rows
+            return False
         bank = ReplicaBank.build(stages)
         if bank is None:
             return False

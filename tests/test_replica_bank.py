@@ -161,6 +161,31 @@ def test_groups_the_bank_cannot_serve_take_the_per_replica_update():
     assert not unchanged()
 
 
+def test_a_replica_whose_buffer_comes_a_step_late_joins_the_bank_with_it():
+    """One parameter of one replica has no gradient in the first group step (so no momentum
+    buffer after it): the group takes the per-replica update, then (some buffers made, one not)
+    again, and once every buffer exists a bank takes them in; bit-equal to stepping alone
+    throughout."""
+    from framework import lean_torch
+
+    opts = ["train.momentum=0.9", "train.weight_decay=1e-3"]
+    alone, grouped = _stages(opts), _stages(opts)
+    late = alone[1].param_names[2]
+    for step in range(4):
+        for stages in (alone, grouped):
+            _set_grads(stages, step, True)
+            if step == 0:
+                stages[1].params[late].grad = None
+        for st in alone:
+            st.step()
+        if not replica_bank.step(grouped):
+            lean_torch.sgd_steps([st.optimizer for st in grouped])
+        for st in grouped:
+            st.finish_step()
+        assert (grouped[0].bank is not None) == (step >= 2), step
+        _assert_equal(alone, grouped)
+
+
 def test_mixed_momentum_builds_no_bank():
     """Replicas of which some have momentum buffers and some not yet (stepped different numbers
     of times) are not banked: their group takes the per-replica update."""
