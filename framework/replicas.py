@@ -261,11 +261,11 @@ def run_backwards(reqs: list[BackwardRequest]) -> list:
 
 
 def _add_held_gradients(graph: SharedGraph, stages: list, idx: list[int], grads: list) -> set[int]:
-    """Where every row of `graph` is in this backward and each parameter's
-    gradients held from an earlier backward are the rows of one tensor (a batched backward's, as
-    with several micro-batches per iteration), add them to the new gradients as one stacked add
-    per parameter, not one per replica; returns the indices of the parameters done so (their new
-    gradients replace the held ones). The same additions, element for element."""
+    """Where every row of `graph` is in this backward and a parameter's gradients held from an
+    earlier backward are the rows of one tensor (a batched backward's, as with several
+    micro-batches per iteration), add them to the new gradients as one stacked add, not one per
+    replica; returns the indices of the parameters done so (their new gradients replace the held
+    ones). The same additions, element for element."""
     if len(idx) != len(graph.inputs):
         return set()
     by_row = [None] * len(idx)
