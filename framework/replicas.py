@@ -273,10 +273,10 @@ def _add_held_gradients(graph: SharedGraph, stages: list, idx: list[int], grads:
         by_row[i] = st
     done = set()
     for j, name in enumerate(stages[0].param_names):
-        if grads[j] is None:
+        if grads[j] is None or by_row[0].params[name].grad is None:  # nothing held (a first micro-batch)
             continue
         held = [st.params[name].grad for st in by_row]
-        if held[0] is None or any(g is None for g in held):
+        if any(g is None for g in held):
             continue
         rows = replica_bank.as_rows(held)
         if rows is not None and rows.shape == grads[j].shape:
