@@ -32,7 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from framework.checkpoint_file import CheckpointError, duplicates, save_file
+from framework import checkpoint_file
+from framework.checkpoint_file import CheckpointError, duplicates
+
+save_file = checkpoint_file.save_file  # the tensor file's writer, as this module's since before it moved
 
 DIR = "checkpoint"
 FORMAT = 2  # 2: identical tensors stored once (`aliases`); format 1 files read as before
@@ -165,18 +168,40 @@ def set_random_state(rng, state: list) -> None:
 
 def save(run_dir, bag: Bag) -> Path:
     """Write `bag` to <run_dir>/checkpoint atomically: a crash mid-write keeps the previous one."""
-    run_dir = Path(run_dir)
-    final, tmp, old = run_dir / DIR, run_dir / (DIR + ".tmp"), run_dir / (DIR + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    return prepare(run_dir, bag).write()
+
+
+class PreparedCheckpoint:
+    """A checkpoint taken (`prepare`) and not yet written; `write` puts it in place atomically.
+    `detached`: its bytes are copies, so the run may go on while it is written."""
+
+    def __init__(self, run_dir: Path, file, meta: str):
+        self.run_dir, self.file, self.meta = run_dir, file, meta
+
+    @property
+    def detached(self) -> bool:
+        return self.file.detached
+
+    def write(self) -> Path:
+        final, tmp, old = self.run_dir / DIR, self.run_dir / (DIR + ".tmp"), self.run_dir / (DIR + ".old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.file.write(str(tmp / "state.safetensors"))
+        (tmp / "meta.json").write_text(self.meta)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        return final
+
+
+def prepare(run_dir, bag: Bag, detach_from_run: bool = False) -> PreparedCheckpoint:
+    """`bag` as a checkpoint to write: duplicates found and the tensors' bytes on the host
+    (framework/checkpoint_file.py); with `detach_from_run`, copies of the CPU tensors' bytes too."""
     aliases = duplicates(bag)
-    save_file({k: t for k, t in bag.tensors.items() if k not in aliases}, str(tmp / "state.safetensors"))
-    (tmp / "meta.json").write_text(json.dumps({"format": FORMAT, "aliases": aliases, **bag.meta}))
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
+    tensors = {k: t for k, t in bag.tensors.items() if k not in aliases}
+    file = checkpoint_file.prepare(tensors, detach_from_run)
+    return PreparedCheckpoint(Path(run_dir), file, json.dumps({"format": FORMAT, "aliases": aliases, **bag.meta}))
 
 
 def record_run_id(run_dir, run_id: str) -> None:

@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from framework import checkpoint as ck
+from framework.checkpoint_writer import CheckpointWriter
 from framework.errors import ConfigError
 from framework import registry
 from framework.cluster import Cluster
@@ -149,6 +150,7 @@ class Job(RuntimeHooks):
         self.sweep_keys = sweep_keys or set()
         # checkpoints at epoch ends, where the runtime can take one (framework.checkpoint)
         self.checkpointing = bool(cfg.train.checkpoint) and self.runtime.checkpoints
+        self.checkpoints = CheckpointWriter()  # a GPU run's files are written while it goes on
         self.resumed_epoch: int | None = None  # the epoch whose checkpoint this run continues from
         self._resume_run_id: str | None = None
         if cfg.train.resume:
@@ -244,8 +246,8 @@ class Job(RuntimeHooks):
         # the MLflow run's id if the tracker has it (a recorder may still be starting: the run does
         # not wait for it; `_write_outputs` adds it to the last checkpoint then)
         bag.meta.update(epoch=epoch, config=self._fingerprint, mlflow_run_id=self.tracker.known_run_id)
-        path = ck.save(self.out_dir, bag)
-        self.tracker.log_artifacts(path, ck.DIR)
+        tracker = self.tracker
+        self.checkpoints.save(self.out_dir, bag, then=lambda path: tracker.log_artifacts(path, ck.DIR))
 
     def _load_checkpoint(self) -> None:
         run_dir = self.out_dir
@@ -316,6 +318,7 @@ class Job(RuntimeHooks):
             (self.out_dir / "plan.json").write_text(json.dumps(plan, indent=2))
             self.train(progress_desc=run_name)
             self._save_model()
+            self.checkpoints.wait()  # the last checkpoint written (a failed write fails the run)
             status = "FINISHED"
         except BaseException:
             self.virtual_time = self.runtime.timeline.makespan
@@ -323,6 +326,10 @@ class Job(RuntimeHooks):
         finally:
             if self._progress is not None:
                 self._progress.close()
+            try:
+                self.checkpoints.wait()  # a failed run's last checkpoint, whole, before its outputs
+            except Exception as e:  # the run's own error is the one to see
+                print(f"warning: {e}", file=sys.stderr)
             try:
                 summary = self._write_outputs(status)
             finally:
