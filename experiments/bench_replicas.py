@@ -13,8 +13,9 @@ process, in these ways (the `gpu` ones where CUDA exists):
   tensor cores: faster, and drifts from the CPU run; accuracy is printed beside).
 
 It prints, per variant, the wall seconds of the epoch's training (`Job.train`: the role programs
-from building them to the epoch's checkpoint; evaluation and the written outputs, the same in
-every variant, are left out), samples per second and the ratios, and checks that every variant
+from building them to the epoch's checkpoint, its file written, which a GPU run does in the
+background: `--epochs 2` shows that write overlapping the next epoch; the written outputs, the
+same in every variant, are left out), samples per second and the ratios, and checks that every variant
 has the same virtual time (time comes from the device models, whatever runs the math). A
 `timing-only` row (`runtime.numerics=false`: the same program with no tensor math) is the
 simulator's own bookkeeping, the floor under any variant. The variants alternate over
@@ -101,7 +102,7 @@ def one_run(args, scheduler: str, extra: list[str], profile: bool | str = False)
         "dataset.n_test=256",
         "cluster=pipar_wifi",
         f"cluster.num_devices={args.devices}",
-        "train.epochs=1",
+        f"train.epochs={args.epochs}",
         f"train.batch_size={args.batch_size}",
         "tracking=none",
         "runtime.progress=false",
@@ -126,6 +127,7 @@ def one_run(args, scheduler: str, extra: list[str], profile: bool | str = False)
                 return profiled(train, *a, **kw)
             t0 = _synced()
             out = train(*a, **kw)
+            job.checkpoints.wait()  # the last checkpoint's file, which a GPU run writes in the background
             spent.append(_synced() - t0)
             return out
 
@@ -133,7 +135,7 @@ def one_run(args, scheduler: str, extra: list[str], profile: bool | str = False)
         res = job.run()
         if profile:
             return 0.0, 0.0, 0, 0.0
-        return spent[0], float(res["virtual_time_s"]), job.scheduler.samples_per_epoch(), float(res["metrics"].get("val/acc", float("nan")))
+        return spent[0], float(res["virtual_time_s"]), job.scheduler.samples_per_epoch() * args.epochs, float(res["metrics"].get("val/acc", float("nan")))
 
 
 def profiled(train, *a, **kw):
@@ -237,6 +239,8 @@ def main() -> None:
     ap.add_argument("--model", default="vgg5")
     ap.add_argument("--dataset", default="synthetic_cifar10")
     ap.add_argument("--batch-size", type=int, default=32, help="train.batch_size (small batches: the regime where launches, not math, cost)")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="epochs per run (2: the second epoch's training overlaps the first checkpoint's write, as in a longer run)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed: the default thrashes on small machines)")
     ap.add_argument("--no-gpu", action="store_true", help="skip the GPU variants even where CUDA exists")
@@ -273,7 +277,7 @@ def main() -> None:
                                   ("--instructions", args.instructions, variants(False))):  # valgrind runs no GPU
         if wanted and wanted not in choices:
             raise SystemExit(f"{flag}: unknown or unavailable variant {wanted!r}; choices here: {', '.join(choices)}")
-    print(f"K = {args.devices} devices, {args.model}{''.join(f' {o}' for o in args.override)} on {args.dataset}, {args.per_device} samples each, one epoch; "
+    print(f"K = {args.devices} devices, {args.model}{''.join(f' {o}' for o in args.override)} on {args.dataset}, {args.per_device} samples each, {'one epoch' if args.epochs == 1 else f'{args.epochs} epochs'}; "
           f"{args.threads} CPU thread(s); GPU: {torch.cuda.get_device_name(0) if gpu else 'none'}")
     for scheduler in args.schedulers.split(","):
         one_run(args, scheduler, next(iter(ways.values())) if not gpu else variants(gpu)["gpu batched"])  # warm-up: imports, kernels, caches
@@ -288,7 +292,7 @@ def main() -> None:
         if len(set(virtual.values())) != 1:
             raise SystemExit(f"{scheduler}: virtual times differ between variants: {virtual}")
         med = {w: statistics.median(v) for w, v in walls.items()}
-        print(f"\n{scheduler}: {samples} samples, virtual epoch {next(iter(virtual.values())):.3f} s (the same in every variant)")
+        print(f"\n{scheduler}: {samples} samples, virtual {'epoch' if args.epochs == 1 else 'time'} {next(iter(virtual.values())):.3f} s (the same in every variant)")
         floor = med.get("timing-only")
         print("| variant | training wall s (median) | beyond the floor s | samples/s | vs cpu | vs its one-at-a-time | val acc |")
         print("|---|---|---|---|---|---|---|")
