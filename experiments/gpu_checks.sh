@@ -3,8 +3,8 @@
 # the tests that need CUDA, with the tests of the code they exercise (replica batching, the
 # replica bank, convolutions as matrix products, GPU model copies), then the numerics-on-a-GPU
 # benchmarks of the README's *Performance* (item 5 of the scale issue): one epoch of FL and
-# PiPar with 64 VGG-5 replicas, one at a time against batched on the same GPU, and one batched
-# step alone. Run it alone on the machine; THREADS sets torch's CPU threads (default 16).
+# PiPar with 64 VGG-5 replicas, one at a time against batched on the same GPU, one batched
+# step alone, and what the bank, the block copies and background checkpoint writes are each worth. Run it alone on the machine; THREADS sets torch's CPU threads (default 16).
 #
 #     bash experiments/gpu_checks.sh            # tests, then benchmarks
 #     bash experiments/gpu_checks.sh bench      # benchmarks only
@@ -19,8 +19,9 @@ print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
 PY
 if [ "${1:-all}" != bench ]; then
     python -m pytest -q -m "" -p no:cacheprovider tests/test_replica_batching.py tests/test_replica_bank.py \
-        tests/test_batched_conv.py tests/test_models.py
+        tests/test_batched_conv.py tests/test_models.py tests/test_checkpoint_writer.py tests/test_resume.py
 fi
 python experiments/bench_replicas.py --threads "$threads" --repeats 3 \
     --variants "timing-only,gpu,gpu batched,gpu batched grouped"
 python experiments/bench_replica_step.py --threads "$threads"
+python experiments/bench_gpu_ablation.py --threads "$threads" --repeats 3
