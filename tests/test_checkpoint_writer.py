@@ -120,3 +120,41 @@ def test_a_gpu_run_writes_its_checkpoints_in_the_background(tmp_path, monkeypatc
     Job(cfg, tmp_path / "run").run()
     assert len(threads) == 3 and all(t is not threading.main_thread() for t in threads)
     assert ck.load(tmp_path / "run").meta["epoch"] == 2
+
+
+def test_a_device_block_is_laid_out_whole_and_reads_back(tmp_path, monkeypatch):
+    """A device's tensors go into the file in their block's order (grouped by dtype), so the
+    block is one write; the header's byte ranges follow, and safetensors reads every tensor back.
+    (On the CPU the tensors stand in for a device's: they go through the same block.)"""
+    from safetensors.torch import load_file
+
+    tensors = {"a": torch.arange(6, dtype=torch.float32).view(2, 3), "n": torch.tensor([7, 8], dtype=torch.int64),
+               "h": torch.tensor([1.5, -2.0], dtype=torch.bfloat16), "b": torch.full((5,), -1.25), "z": torch.zeros(0)}
+
+    def all_on_a_device(ts):
+        names = list(ts)
+        block, order = checkpoint_file._device_block([ts[n] for n in names])
+        return [([names[i] for i in order], block)]
+
+    monkeypatch.setattr(checkpoint_file, "_fetch_blocks", all_on_a_device)
+    prepared = checkpoint_file.prepare(tensors)
+    assert len(prepared.parts) == 1 and prepared.detached  # one block, one write, a copy
+    prepared.write(tmp_path / "s.safetensors")
+    back = load_file(tmp_path / "s.safetensors")
+    assert back.keys() == tensors.keys()
+    assert all(back[k].dtype == t.dtype and torch.equal(back[k], t) for k, t in tensors.items())
+    tensors["a"].add_(1)  # the block is a copy: the file written later holds the old values
+    prepared.write(tmp_path / "t.safetensors")
+    assert torch.equal(load_file(tmp_path / "t.safetensors")["a"], torch.arange(6, dtype=torch.float32).view(2, 3))
+
+
+def test_cpu_tensors_detached_for_the_background_are_one_copy(tmp_path):
+    from safetensors.torch import load_file
+
+    tensors = {"w": torch.randn(4, 4), "s": torch.tensor([3], dtype=torch.int64)}
+    prepared = checkpoint_file.prepare(tensors, detach_from_run=True)
+    assert len(prepared.parts) == 1 and prepared.detached
+    assert not checkpoint_file.prepare(tensors).detached  # views of the live tensors
+    prepared.write(tmp_path / "s.safetensors")
+    back = load_file(tmp_path / "s.safetensors")
+    assert all(torch.equal(back[k], t) for k, t in tensors.items())
