@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # What a session lent a GPU runs first, as one command (a few minutes on an H100 or H200):
 # the tests that need CUDA, with the tests of the code they exercise (replica batching, the
-# replica bank, convolutions as matrix products, GPU model copies), then the numerics-on-a-GPU
+# replica bank, convolutions as matrix products, GPU model copies, checkpoints), then the numerics-on-a-GPU
 # benchmarks of the README's *Performance* (item 5 of the scale issue): one epoch of FL and
 # PiPar with 64 VGG-5 replicas, one at a time against batched on the same GPU, one batched
-# step alone, and what the bank, the block copies and background checkpoint writes are each worth. Run it alone on the machine; THREADS sets torch's CPU threads (default 16).
+# step alone, and what the bank, the block copies and background checkpoint writes are each
+# worth (bench_gpu_ablation.py). Run it alone on the machine; THREADS sets torch's CPU threads
+# (default 16).
 #
 #     bash experiments/gpu_checks.sh            # tests, then benchmarks
 #     bash experiments/gpu_checks.sh bench      # benchmarks only

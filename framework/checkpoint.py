@@ -17,7 +17,8 @@ there (framework.job).
 writes under its own key prefix (`role.stage0.`, `runtime.`, `job.`) and keeps the JSON that
 `Bag.put` returns; `Bag.take` turns that JSON back into the values. The tensor file itself (its
 one-pass writer, a GPU's tensors fetched as one block, duplicates found) is
-framework/checkpoint_file.py.
+framework/checkpoint_file.py; a GPU run's files are written in the background
+(framework/checkpoint_writer.py).
 """
 
 from __future__ import annotations
