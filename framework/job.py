@@ -328,8 +328,9 @@ class Job(RuntimeHooks):
                 self._progress.close()
             try:
                 self.checkpoints.wait()  # a failed run's last checkpoint, whole, before its outputs
-            except Exception as e:  # the run's own error is the one to see
-                print(f"warning: {e}", file=sys.stderr)
+            except BaseException as e:  # the run's own error is the one to see; a second Ctrl-C
+                # here must not skip the outputs and the tracker's FAILED
+                print(f"warning: the last checkpoint may be incomplete: {type(e).__name__}: {e}", file=sys.stderr)
             try:
                 summary = self._write_outputs(status)
             finally:

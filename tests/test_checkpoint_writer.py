@@ -158,3 +158,27 @@ def test_cpu_tensors_detached_for_the_background_are_one_copy(tmp_path):
     prepared.write(tmp_path / "s.safetensors")
     back = load_file(tmp_path / "s.safetensors")
     assert all(torch.equal(back[k], t) for k, t in tensors.items())
+
+
+def test_a_second_ctrl_c_while_the_last_file_is_written_still_ends_the_run_failed(tmp_path, mlflow_store, monkeypatch):
+    """Ctrl-C during an epoch, and again while the run waits for its last checkpoint's file: the
+    run still writes its outputs and leaves its MLflow run FAILED."""
+    import json
+
+    from framework.job import Job
+    from tests.test_resume import _stop_after
+
+    tracking, client = mlflow_store
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CheckpointWriter, "wait", interrupted)
+    cfg = compose_cfg(SMALL + tracking + ["model=mlp", "runtime.progress=false"])
+    job = Job(cfg, tmp_path / "run")
+    _stop_after(job, 0)
+    with pytest.raises(KeyboardInterrupt):
+        job.run()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "FAILED"
+    assert client.get_run(summary["mlflow_run_id"]).info.status == "FAILED"
