@@ -173,15 +173,10 @@ def save(run_dir, bag: Bag) -> Path:
 
 
 class PreparedCheckpoint:
-    """A checkpoint taken (`prepare`) and not yet written; `write` puts it in place atomically.
-    `detached`: its bytes are copies, so the run may go on while it is written."""
+    """A checkpoint taken (`prepare`) and not yet written; `write` puts it in place atomically."""
 
     def __init__(self, run_dir: Path, file, meta: str):
         self.run_dir, self.file, self.meta = run_dir, file, meta
-
-    @property
-    def detached(self) -> bool:
-        return self.file.detached
 
     def write(self) -> Path:
         final, tmp, old = self.run_dir / DIR, self.run_dir / (DIR + ".tmp"), self.run_dir / (DIR + ".old")

@@ -94,7 +94,12 @@ def prepare(tensors: dict[str, torch.Tensor], detach_from_run: bool = False) -> 
 def on_device(tensors) -> bool:
     """Whether any of `tensors` is on a device other than the CPU (what a checkpoint fetches as a
     block, a copy that the run's next steps cannot change)."""
-    return any(t.device.type not in ("cpu", "meta") for t in tensors)
+    return any(_fetched(t) for t in tensors)
+
+
+def _fetched(t: torch.Tensor) -> bool:
+    """Whether a checkpoint takes `t`'s bytes through a block fetched from its device."""
+    return t.device.type != "cpu"
 
 
 def _host_bytes(t: torch.Tensor):
@@ -113,28 +118,12 @@ def _fetch_blocks(tensors: dict[str, torch.Tensor]) -> list[tuple[list[str], np.
     64-device epoch on an H200."""
     by_device: dict = {}
     for name, t in tensors.items():
-        if t.device.type != "cpu":
+        if _fetched(t):
             by_device.setdefault(t.device, []).append(name)
     out = []
     for names in by_device.values():
         block, order = _device_block([tensors[n] for n in names])
         out.append(([names[i] for i in order], block))
-    return out
-
-
-def device_bytes(tensors: list[torch.Tensor]) -> list[np.ndarray]:
-    """Each tensor's bytes (all on one device, none requiring grad) as a flat uint8 numpy array,
-    cut from one block on the host (`_device_block`) with numpy, not torch."""
-    if not tensors:
-        return []
-    data, order = _device_block(tensors)
-    out: list = [None] * len(tensors)
-    offset = 0
-    for i in order:
-        t = tensors[i]
-        n = t.numel() * t.element_size()
-        out[i] = data[offset : offset + n]
-        offset += n
     return out
 
 

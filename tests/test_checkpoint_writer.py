@@ -122,21 +122,20 @@ def test_a_gpu_run_writes_its_checkpoints_in_the_background(tmp_path, monkeypatc
     assert ck.load(tmp_path / "run").meta["epoch"] == 2
 
 
+def _all_on_a_device(monkeypatch):
+    """Every tensor's bytes fetched as if it were on a device: on the CPU they go through the
+    same block."""
+    monkeypatch.setattr(checkpoint_file, "_fetched", lambda t: True)
+
+
 def test_a_device_block_is_laid_out_whole_and_reads_back(tmp_path, monkeypatch):
     """A device's tensors go into the file in their block's order (grouped by dtype), so the
-    block is one write; the header's byte ranges follow, and safetensors reads every tensor back.
-    (On the CPU the tensors stand in for a device's: they go through the same block.)"""
+    block is one write; the header's byte ranges follow, and safetensors reads every tensor back."""
     from safetensors.torch import load_file
 
     tensors = {"a": torch.arange(6, dtype=torch.float32).view(2, 3), "n": torch.tensor([7, 8], dtype=torch.int64),
                "h": torch.tensor([1.5, -2.0], dtype=torch.bfloat16), "b": torch.full((5,), -1.25), "z": torch.zeros(0)}
-
-    def all_on_a_device(ts):
-        names = list(ts)
-        block, order = checkpoint_file._device_block([ts[n] for n in names])
-        return [([names[i] for i in order], block)]
-
-    monkeypatch.setattr(checkpoint_file, "_fetch_blocks", all_on_a_device)
+    _all_on_a_device(monkeypatch)
     prepared = checkpoint_file.prepare(tensors)
     assert len(prepared.parts) == 1 and prepared.detached  # one block, one write, a copy
     prepared.write(tmp_path / "s.safetensors")
@@ -182,3 +181,25 @@ def test_a_second_ctrl_c_while_the_last_file_is_written_still_ends_the_run_faile
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "FAILED"
     assert client.get_run(summary["mlflow_run_id"]).info.status == "FAILED"
+
+
+def test_a_device_block_holds_each_tensors_bytes(tmp_path, monkeypatch):
+    """What a GPU checkpoint copies back (one block, cut up by the header's byte ranges) holds
+    each tensor's bytes as the CPU writer takes them, whatever the dtype, shape or layout."""
+    import json
+    import struct
+
+    from framework.checkpoint_file import _host_bytes
+
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(5, 3, generator=g), torch.randn(3, 5, generator=g).t(), torch.tensor(7), torch.randn(9, generator=g) > 0,
+               torch.randn(4, generator=g).half(), torch.zeros(0, 2), torch.randn(6, generator=g, dtype=torch.float64),
+               torch.randn(3, generator=g).bfloat16(), torch.randn(2, 3, generator=g)]
+    _all_on_a_device(monkeypatch)
+    checkpoint_file.prepare({f"t{i}": t for i, t in enumerate(tensors)}).write(tmp_path / "s.safetensors")
+    raw = (tmp_path / "s.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, body = json.loads(raw[8 : 8 + n]), raw[8 + n :]
+    for i, t in enumerate(tensors):
+        start, stop = header[f"t{i}"]["data_offsets"]
+        assert body[start:stop] == _host_bytes(t).tobytes(), t

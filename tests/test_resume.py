@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 from omegaconf import open_dict
@@ -143,21 +142,6 @@ def test_the_device_side_comparison_agrees_with_torch_equal(monkeypatch, stack_b
     # floats as they are stored: compared in bits (-0.0 is not 0.0; a NaN equals its own bits)
     raw = [(torch.zeros(2), torch.full((2,), -0.0)), (torch.tensor([float("nan")]), torch.tensor([float("nan")])), (w, w.clone())]
     assert _equal_on_device(raw) == [torch.equal(_bits(a), _bits(b)) for a, b in raw] == [False, True, True]
-
-
-def test_device_bytes_are_each_tensors_bytes():
-    """What a GPU checkpoint copies back (one block, cut up on the host) holds each tensor's
-    bytes as the CPU writer takes them, whatever the dtype, shape or layout; here on the CPU."""
-    from framework.checkpoint_file import _host_bytes, device_bytes
-
-    g = torch.Generator().manual_seed(0)
-    tensors = [torch.randn(5, 3, generator=g), torch.randn(3, 5, generator=g).t(), torch.tensor(7), torch.randn(9, generator=g) > 0,
-               torch.randn(4, generator=g).half(), torch.zeros(0, 2), torch.randn(6, generator=g, dtype=torch.float64),
-               torch.randn(3, generator=g).bfloat16(), torch.randn(2, 3, generator=g)]
-    got = device_bytes(tensors)
-    assert len(got) == len(tensors) and device_bytes([]) == []
-    for t, data in zip(tensors, got):
-        assert data.dtype == np.uint8 and data.tobytes() == _host_bytes(t).tobytes(), t
 
 
 def _saved_with_meta(tmp_path, w, **meta_changes):
