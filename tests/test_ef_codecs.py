@@ -215,6 +215,23 @@ def test_onebit_residual_is_reset_when_the_shape_changes():
     check_group_scalars(x, y, 3)  # quantised x alone, not x plus the old residual
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_onebit_strided_gradient_keeps_its_error_feedback(dtype):
+    """A transposed gradient (a Linear weight's, out of a batched backward) encodes as its
+    contiguous copy does, and so does the next one, which adds the residual: that residual was
+    once written into a temporary copy and left uninitialised (AdaLearner's 1-bit runs with
+    batched replicas turned to NaN)."""
+    torch.manual_seed(3)
+    g0, g1 = (torch.randn(24, 10, dtype=dtype).t() for _ in range(2))
+    assert not g0.is_contiguous()
+    strided, dense = {}, {}
+    for g in (g0, g1):
+        a, b = OneBit().encode(g, strided), OneBit().encode(g.contiguous(), dense)
+        assert (a.meta, bytes(a.payload)) == (b.meta, bytes(b.payload))
+        assert torch.equal(strided["residual"], dense["residual"])
+    assert torch.isfinite(strided["residual"]).all()
+
+
 def test_onebit_ef_variants():
     torch.manual_seed(2)
     g0, g1 = torch.randn(4, 8), torch.randn(4, 8)

@@ -205,7 +205,10 @@ class OneBit(Codec):
 
     def encode(self, x: torch.Tensor, stream: dict) -> Encoded:
         shape = tuple(x.shape)
-        g = x.detach().to("cpu", torch.float32)  # may alias x: never written in place
+        # may alias x: never written in place. Contiguous, so that the residual made below is too:
+        # the kernel writes it through `reshape(-1)`, which of a strided tensor (a transposed
+        # gradient, as a batched backward gives) is a copy, and the residual was left unwritten
+        g = x.detach().to("cpu", torch.float32).contiguous()
         residual = stream.get("residual")
         if residual is None or tuple(residual.shape) != shape:
             residual = torch.zeros_like(g)  # a new stream, or the tensor changed: start afresh
