@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from framework import checkpoint as ck
 from framework.checkpoint_writer import CheckpointWriter
 from framework.errors import ConfigError
-from framework import registry
+from framework import registry, torch_device
 from framework.cluster import Cluster
 from framework.data import build_dataset
 from framework.config import swept_overrides
@@ -35,27 +35,6 @@ from framework.validate import validate
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-
-
-def torch_device(runtime_cfg) -> torch.device:
-    """Where the run's tensor work happens (`runtime.torch_device`, the simulator's option)."""
-    name = str(runtime_cfg.get("torch_device", "cpu"))
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-            raise ConfigError("runtime.torch_device", f"{name}: {why} (torch {torch.__version__}); choices on this machine: cpu")
-        index = int(name.split(":")[1]) if ":" in name else 0
-        if index >= torch.cuda.device_count():
-            raise ConfigError("runtime.torch_device", f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-        # By default float32 means float32: cuDNN's default TF32 convolutions keep 10 mantissa bits,
-        # and over one epoch of VGG-5 moved BatchNorm statistics 20 % away from the CPU run (H200,
-        # measured). `runtime.tf32=true` trades that for the tensor cores' speed.
-        tf32 = bool(runtime_cfg.get("tf32", False))
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-    return torch.device(name)
-
-
 def build_scheduler(cfg, *, role: str | None = None, plan: dict | None = None):
     """Validate `cfg`, build the run's parts and its scheduler: (SchedulerContext, Scheduler).
 
@@ -67,7 +46,7 @@ def build_scheduler(cfg, *, role: str | None = None, plan: dict | None = None):
     if cfg.runtime.threads:
         torch.set_num_threads(int(cfg.runtime.threads))
     torch.manual_seed(cfg.seed)
-    device = torch_device(cfg.runtime)
+    device = torch_device.resolve(cfg.runtime)
     dataset = build_dataset(cfg.dataset, inputs=bool(cfg.runtime.numerics)).to(dtype, device)  # timing-only: shapes
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(device, dtype)

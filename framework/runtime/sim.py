@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from framework import torch_device
 from framework.clock import VirtualClockLoop, run_virtual
 from framework.cluster import Cluster
 from framework.errors import ConfigError
@@ -64,7 +65,7 @@ class SimRuntime(Runtime):
         self._resume_order: list[str] = []
         self._resume: tuple | None = None  # (bag, desc, epoch) of a checkpoint to continue from
         # tensor work may run on a GPU; codecs and their state work on the CPU: messages cross there
-        device = torch.device(str(cfg.get("torch_device", "cpu")) if cfg is not None else "cpu")
+        device = torch_device.of(cfg)
         self.torch_device = None if device.type == "cpu" else device
         self.deferred = DeferredCompute(conv_as_matmul=convs_as_matmul(cfg, device)) if batches_replicas(cfg, cluster, device) else None
         if self.deferred is not None:  # hooks given deferred numbers wait for them
