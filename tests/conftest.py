@@ -16,8 +16,12 @@ from hydra import compose, initialize_config_dir
 
 from framework import registry
 from framework.cli import CONF_DIR
+from tests import emulated_gpu
 
 registry.load_plugins()
+# the GPU emulated on the CPU (tests/emulated_gpu.py) exists before any backward runs: autograd's
+# engine counts each backend's devices once, at its first backward
+emulated_gpu.device()
 
 FAST = ["runtime.progress=false", "tracking=none"]
 

@@ -67,7 +67,7 @@ class LSQCompressor(Compressor):
     def on_gradient(self, g, kept):
         x, s, stream, k = kept
         qn, qp = 1 << (k - 1), (1 << (k - 1)) - 1
-        v = x.to(g.dtype) / s
+        v = x.to(g.device, g.dtype) / s  # x was kept where the codec ran (the CPU); g may be on a GPU
         low, high = v <= -qn, v >= qp
         inside = ~(low | high)
         dxds = torch.where(inside, torch.round(v) - v, torch.where(low, torch.full_like(v, -qn), torch.full_like(v, qp)))

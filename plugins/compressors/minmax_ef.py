@@ -26,4 +26,6 @@ class MinMaxEFCompressor(Compressor):
         return d.codec.decode(enc.meta, memoryview(enc.payload), enc.shape, enc.dtype) - x  # E
 
     def on_gradient(self, g, err):
-        return minmax_error_feedback(g, err.to(g.dtype))
+        # E was kept where the codec ran (the CPU); an uncompressed gradient may come back on
+        # the GPU the roles' tensor work runs on (`runtime.torch_device`)
+        return minmax_error_feedback(g, err.to(g.device, g.dtype))

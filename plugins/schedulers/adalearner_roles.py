@@ -54,8 +54,10 @@ def _grads(stage: Stage, sched) -> dict[str, torch.Tensor]:
 
 
 def _set_grads(stage: Stage, grads: dict[str, torch.Tensor]) -> None:
+    """Gradients into the stage, where its parameters are (a decoded 1-bit sum is on the CPU,
+    where the codecs run, and the model may be on a GPU: `runtime.torch_device`)."""
     for n, p in stage.params.items():
-        p.grad = grads[n].to(p.dtype)
+        p.grad = grads[n].to(p.device, p.dtype)
 
 
 class GroupOwner(Role):
@@ -179,12 +181,14 @@ def _replica_restore(role, bag, desc: dict) -> None:
 
 
 def decode_aggregate(sched, packet: dict) -> dict[str, torch.Tensor]:
-    """The GO's 1-bit sum, per tensor, as a worker decodes it (a malformed packet: WireError)."""
+    """The GO's 1-bit sum, per tensor, as a worker decodes it (a malformed packet: WireError), on
+    the CPU, where the codecs run (a message's tensors arrive where the roles' tensor work runs:
+    on a GPU run, its bytes come back from there)."""
     codec_cls = type(sched.codec)
     out = {}
     for n, shape in sched.param_shapes().items():
-        meta = packet[f"{n}.meta"].numpy().tobytes()
-        bits = packet[f"{n}.bits"].numpy()
+        meta = packet[f"{n}.meta"].cpu().numpy().tobytes()
+        bits = packet[f"{n}.bits"].cpu().numpy()
         out[n] = codec_cls.decode(meta, memoryview(bits), shape, sched.dtype)
     return out
 
