@@ -8,7 +8,8 @@ Two backends run the same cases:
   device tensor may be read as a numpy array, as on CUDA; the math itself runs on the CPU, so in
   float64 the run equals the CPU run to rounding (its replicas batched, as on a GPU, against one
   at a time). This found AdaLearner's 1-bit path and the min-max and LSQ compressors' error
-  feedback mixing the CPU codecs' state with device tensors.
+  feedback mixing the CPU codecs' state with device tensors. Stopped after an epoch, each run
+  resumes there bit for bit (slow).
 - **cuda** (skips without CUDA): the real device. The same virtual time and bytes, finite
   weights and the same accuracy within 5 points; tests/test_replica_batching.py holds the
   tighter float64 and float32 comparisons of the schedulers it covers.
@@ -85,6 +86,22 @@ def test_on_the_emulated_gpu(tmp_path, overrides):
     assert learned and learned == pytest.approx({k: res["metrics"][k] for k in learned}, rel=1e-8, abs=1e-8)
     for k, w in on_cpu[2].items():
         torch.testing.assert_close(weights[k], w, rtol=1e-8, atol=1e-8)
+
+
+RESUMABLE = [pytest.param(ov, id=case) for name, cases in CASES.items() if name != "super_neuron"  # EdgePipe keeps no checkpoints
+             for case, ov in cases.items()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", RESUMABLE)
+def test_resumes_on_the_emulated_gpu(tmp_path, overrides):
+    """Stopped after its first epoch, a run on the device resumes bit for bit: the checkpoint's
+    tensors, fetched from the device, load back there, optimizer and codec state included."""
+    from tests.test_resume import _stop_and_resume
+
+    sized = [o for o in overrides if not o.startswith(("train.epochs=", "dataset.n_train=", "train.iterations_per_epoch="))]
+    with emulated_gpu.emulated_gpu():
+        _stop_and_resume(tmp_path, sized + ["runtime.torch_device=cuda", "runtime.batch_replicas=true", "runtime.replica_conv=matmul"])
 
 
 @cuda
