@@ -18,7 +18,10 @@ background: `--epochs 2` shows that write overlapping the next epoch; the writte
 same in every variant, are left out), samples per second and the ratios, and checks that every variant
 has the same virtual time (time comes from the device models, whatever runs the math). A
 `timing-only` row (`runtime.numerics=false`: the same program with no tensor math) is the
-simulator's own bookkeeping, the floor under any variant. The variants alternate over
+simulator's own bookkeeping, the floor under any variant. With `--epochs` 2 or more, a second
+table times the last epoch alone, from the end of the one before (its validation and checkpoint
+included): what each further epoch of a long run costs, without the run's one-time costs (the
+roles built, the 2K model copies made). The variants alternate over
 `--repeats` rounds; medians are reported. `--profile VARIANT` then runs that variant once more
 under torch.profiler and prints where its time went: the GPU's busy time, the kernels launched
 and the operators that cost the most host time (the work left between a variant and its floor).
@@ -89,10 +92,16 @@ def _synced() -> float:
     return time.perf_counter()
 
 
-def one_run(args, scheduler: str, extra: list[str], profile: bool | str = False) -> tuple[float, float, int, float]:
-    """(wall seconds of the training, virtual seconds, samples trained, validation accuracy);
-    with `profile`, the training runs under torch.profiler and its summary is printed (with
-    `profile="count"`, its torch calls are counted instead)."""
+def one_run(args, scheduler: str, extra: list[str], profile: bool | str = False) -> tuple[float, float, int, float, float | None]:
+    """(wall seconds of the training, virtual seconds, samples trained, validation accuracy, wall
+    seconds of the last epoch or None in a one-epoch run); with `profile`, the training runs
+    under torch.profiler and its summary is printed (with `profile="count"`, its torch calls are
+    counted instead).
+
+    The last epoch runs from the end of the one before to its own end (its validation and the
+    taking of its checkpoint included, and the wait for the previous checkpoint's file): what
+    each further epoch of a long run costs, without what a run pays once (building the roles,
+    copying the models, warming up)."""
     overrides = [
         f"scheduler={scheduler}",
         f"model={args.model}",
@@ -116,7 +125,16 @@ def one_run(args, scheduler: str, extra: list[str], profile: bool | str = False)
         cfg = compose(config_name="config", overrides=overrides)
     with tempfile.TemporaryDirectory() as d:
         job = Job(cfg, Path(d))
-        train, spent = job.train, []
+        train, spent, epoch_ends = job.train, [], []
+        epoch_end = job.on_epoch_end
+
+        def timed_epoch_end(*a, **kw):
+            out = epoch_end(*a, **kw)
+            epoch_ends.append(_synced())
+            return out
+
+        if not profile:
+            job.on_epoch_end = timed_epoch_end
 
         def timed_train(*a, **kw):
             if profile == "count":
@@ -134,8 +152,9 @@ def one_run(args, scheduler: str, extra: list[str], profile: bool | str = False)
         job.train = timed_train
         res = job.run()
         if profile:
-            return 0.0, 0.0, 0, 0.0
-        return spent[0], float(res["virtual_time_s"]), job.scheduler.samples_per_epoch() * args.epochs, float(res["metrics"].get("val/acc", float("nan")))
+            return 0.0, 0.0, 0, 0.0, None
+        last = epoch_ends[-1] - epoch_ends[-2] if len(epoch_ends) > 1 else None
+        return spent[0], float(res["virtual_time_s"]), job.scheduler.samples_per_epoch() * args.epochs, float(res["metrics"].get("val/acc", float("nan"))), last
 
 
 def profiled(train, *a, **kw):
@@ -240,7 +259,8 @@ def main() -> None:
     ap.add_argument("--dataset", default="synthetic_cifar10")
     ap.add_argument("--batch-size", type=int, default=32, help="train.batch_size (small batches: the regime where launches, not math, cost)")
     ap.add_argument("--epochs", type=int, default=1,
-                    help="epochs per run (2: the second epoch's training overlaps the first checkpoint's write, as in a longer run)")
+                    help="epochs per run (2 or more: the second epoch's training overlaps the first checkpoint's write, as in a "
+                         "longer run, and the last epoch is also timed alone)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed: the default thrashes on small machines)")
     ap.add_argument("--no-gpu", action="store_true", help="skip the GPU variants even where CUDA exists")
@@ -282,13 +302,16 @@ def main() -> None:
     for scheduler in args.schedulers.split(","):
         one_run(args, scheduler, next(iter(ways.values())) if not gpu else variants(gpu)["gpu batched"])  # warm-up: imports, kernels, caches
         walls: dict[str, list[float]] = {w: [] for w in ways}
+        lasts: dict[str, list[float]] = {w: [] for w in ways}
         virtual: dict[str, float] = {}
         acc: dict[str, float] = {}
         samples = 0
         for _ in range(args.repeats):
             for name, extra in ways.items():
-                wall, virtual[name], samples, acc[name] = one_run(args, scheduler, extra)
+                wall, virtual[name], samples, acc[name], last = one_run(args, scheduler, extra)
                 walls[name].append(wall)
+                if last is not None:
+                    lasts[name].append(last)
         if len(set(virtual.values())) != 1:
             raise SystemExit(f"{scheduler}: virtual times differ between variants: {virtual}")
         med = {w: statistics.median(v) for w, v in walls.items()}
@@ -302,6 +325,17 @@ def main() -> None:
             vs_cpu = f"{med['cpu'] / s:.2f}x" if "cpu" in med else ""
             beyond = "" if floor is None or w == "timing-only" else f"{s - floor:.3f}"
             print(f"| {w} | {s:.3f} | {beyond} | {samples / s:,.0f} | {vs_cpu} | {rel} | {'' if w == 'timing-only' else f'{acc[w]:.4f}'} |")
+        if args.epochs > 1:  # what each further epoch costs, without the run's one-time costs
+            last = {w: statistics.median(v) for w, v in lasts.items()}
+            print(f"\n{scheduler}, the last of {args.epochs} epochs alone (its validation and checkpoint included; medians):")
+            print("| variant | last epoch wall s | samples/s | vs cpu | vs its one-at-a-time |")
+            print("|---|---|---|---|---|")
+            per_epoch = samples / args.epochs
+            for w, s in last.items():
+                alone = w.replace(" batched", "").replace(" grouped", "")
+                rel = f"{last[alone] / s:.2f}x" if w != alone and alone in last else ""
+                vs_cpu = f"{last['cpu'] / s:.2f}x" if "cpu" in last else ""
+                print(f"| {w} | {s:.3f} | {per_epoch / s:,.0f} | {vs_cpu} | {rel} |")
         if args.profile:
             print(f"\n{scheduler}, {args.profile}:")
             one_run(args, scheduler, variants(gpu)[args.profile], profile=True)
