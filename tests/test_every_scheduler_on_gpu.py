@@ -7,8 +7,8 @@ Two backends run the same cases:
   puts on the device and tensors it keeps on the CPU must never meet in one operation, and no
   device tensor may be read as a numpy array, as on CUDA; the math itself runs on the CPU, so in
   float64 the run equals the CPU run to rounding (its replicas batched, as on a GPU, against one
-  at a time). This found AdaLearner's 1-bit path and the min-max and LSQ compressors' error
-  feedback mixing the CPU codecs' state with device tensors. Stopped after an epoch, each run
+  at a time). This found AdaLearner's 1-bit path, the min-max and LSQ compressors' error
+  feedback and the differential-privacy noise mixing CPU tensors with device tensors. Stopped after an epoch, each run
   resumes there bit for bit (slow).
 - **cuda** (skips without CUDA): the real device. The same virtual time and bytes, finite
   weights and the same accuracy within 5 points; tests/test_replica_batching.py holds the
@@ -36,7 +36,8 @@ EDGEPIPE = ["scheduler=super_neuron", "model=mlp", "model.depth=5", "model.hidde
 
 # scheduler -> its cases (id -> overrides); every registered scheduler has at least one
 CASES = {
-    "fl": {"fl": SPLIT + ["scheduler=fl"]},
+    "fl": {"fl": SPLIT + ["scheduler=fl"],
+           "fl-dp": SPLIT + ["scheduler=fl", "scheduler.dp_sigma=0.01", "scheduler.dp_clip=1.0", "scheduler.failures=[[1,0]]"]},  # CPU noise, GPU model
     "pipar": {"pipar": SPLIT + ["scheduler=pipar"]},
     # LSQ's scale learned from the returned gradients; uncompressed, they stay on the device
     "sfl": {"sfl": SPLIT + ["scheduler=sfl", "compressor=uniform", "compressor.backward.codec=none"]},

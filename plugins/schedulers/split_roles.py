@@ -167,7 +167,9 @@ class DeviceRole(Role):
             if norm > clip:
                 p = p * (clip / norm)
         g = torch.Generator().manual_seed(s.ctx.cfg.seed * 1_000_003 + 7 * self.k + self.it)
-        noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+        # drawn on the CPU, whose generator this is, and moved to where the model is (a GPU run:
+        # `runtime.torch_device`), so that a seed gives the same noise on either
+        noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.device, p.dtype)
         return {**flat, "p": p + noise * (s.cfg.dp_sigma * (clip or 1.0))}
 
     async def reselect(self, ctx) -> None:
