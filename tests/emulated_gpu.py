@@ -16,7 +16,10 @@ operation first:
 What it does not emulate: CUDA's own calls (streams, pinned memory, TF32, `torch.cuda.*`), so a
 run takes its generic accelerator paths (`device.type != "cpu"`), not the ones for `cuda`;
 the defaults that are on for CUDA (`runtime.batch_replicas`, `runtime.replica_conv=matmul`)
-must be set. The real GPU tests (tests/test_replica_batching.py) stay the check of CUDA itself.
+must be set. A parameter on the device is an `OnDevice` flagged as a parameter, as torch makes a
+Parameter of a tensor subclass, not an `nn.Parameter`: code that asks `type(p) is nn.Parameter`
+(model copies in blocks, framework/models.py) takes its other path. The real GPU tests
+(tests/test_replica_batching.py, tests/test_models.py) stay the check of CUDA itself.
 """
 
 from __future__ import annotations
