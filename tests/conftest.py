@@ -19,9 +19,12 @@ from framework.cli import CONF_DIR
 from tests import emulated_gpu
 
 registry.load_plugins()
-# the GPU emulated on the CPU (tests/emulated_gpu.py) exists before any backward runs: autograd's
-# engine counts each backend's devices once, at its first backward
-emulated_gpu.device()
+# without CUDA, a GPU emulated on the CPU (tests/emulated_gpu.py), set up before any backward runs:
+# autograd's engine counts each backend's devices once, at its first backward. Not beside CUDA:
+# torch takes a registered PrivateUse1 backend as the accelerator before CUDA, and the real GPU
+# tests run there instead
+if emulated_gpu.wanted():
+    emulated_gpu.device()
 
 FAST = ["runtime.progress=false", "tracking=none"]
 

@@ -34,6 +34,12 @@ NAME = "emugpu"  # torch.device("emugpu")
 _READY = False
 
 
+def wanted() -> bool:
+    """Whether to emulate here: not where CUDA is (the real GPU tests run there, and torch would
+    take the emulated backend for the machine's accelerator)."""
+    return not torch.cuda.is_available()
+
+
 def device() -> torch.device:
     """The emulated accelerator (torch's PrivateUse1 backend, set up once per process)."""
     global _READY

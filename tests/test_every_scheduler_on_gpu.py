@@ -58,6 +58,7 @@ RUNS = [pytest.param(overrides, id=case) for cases in CASES.values() for case, o
 RUNS += [pytest.param(SPLIT + ["scheduler=pipar", f"compressor={c}"], id=f"pipar-{c}", marks=pytest.mark.slow) for c in COMPRESSORS]
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+emulated = pytest.mark.skipif(not emulated_gpu.wanted(), reason="a real GPU here: the cuda cases run instead")
 
 
 def run(tmp_path, overrides: list[str]):
@@ -76,6 +77,7 @@ def test_every_scheduler_has_a_case():
     assert set(CASES) == set(registry.names("scheduler"))
 
 
+@emulated
 @pytest.mark.parametrize("overrides", RUNS)
 def test_on_the_emulated_gpu(tmp_path, overrides):
     on_cpu = run(tmp_path / "cpu", overrides)
@@ -93,6 +95,7 @@ RESUMABLE = [pytest.param(ov, id=case) for name, cases in CASES.items() if name 
              for case, ov in cases.items()]
 
 
+@emulated
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", RESUMABLE)
 def test_resumes_on_the_emulated_gpu(tmp_path, overrides):
@@ -118,6 +121,7 @@ def test_on_cuda(tmp_path, overrides):
 # ---- the emulation itself: what it must refuse, and what it must let through -------------------
 
 
+@emulated
 def test_the_emulated_gpu_refuses_what_cuda_refuses():
     with emulated_gpu.emulated_gpu() as device:
         w = torch.randn(4, 3, device=device)
@@ -130,6 +134,7 @@ def test_the_emulated_gpu_refuses_what_cuda_refuses():
             w.numpy()
 
 
+@emulated
 def test_the_emulated_gpu_lets_through_what_cuda_takes():
     with emulated_gpu.emulated_gpu() as device:
         x = torch.arange(12.0).reshape(4, 3).to(device)
