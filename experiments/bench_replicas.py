@@ -45,6 +45,11 @@ host a dispatch and most a kernel launch.
     python experiments/bench_replicas.py --model vgg5 --batch-size 4 --per-device 32 --schedulers fl \
         --variants "cpu batched" --repeats 1 --count-calls "cpu batched"
 
+Without CUDA, `--count-calls "gpu batched"` (or "gpu") counts on a GPU emulated on the CPU
+(tests/emulated_gpu.py): the GPU path's calls (checkpoint blocks fetched from the device, the
+convolutions as matrix products), not its times; model copies take their CPU path there (the
+emulated parameters are not `nn.Parameter` objects), so their count is not the GPU's.
+
 `--instructions VARIANT` counts the host instructions of a variant's training under valgrind's
 callgrind (a run of about 80 s for the MLP proxy; valgrind must be installed): all the host's
 work, Python included, in a number that varied by 0.04% between two runs where wall time varied
@@ -73,6 +78,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from framework import registry  # noqa: E402
 from framework.cli import CONF_DIR  # noqa: E402
 from framework.job import Job  # noqa: E402
+from tests import emulated_gpu  # noqa: E402  (--count-calls of a GPU variant without CUDA)
 
 
 def variants(with_gpu: bool) -> dict[str, list[str]]:
@@ -200,7 +206,7 @@ def counted(train, replicas: int, *a, **kw):
             f, where = sys._getframe(1), "(torch internals)"
             while f is not None:
                 name = f.f_code.co_filename
-                if name.startswith(root) and not name.endswith("bench_replicas.py"):
+                if name.startswith(root) and not name.endswith(("bench_replicas.py", "emulated_gpu.py")):
                     where = f"{name[len(root):]}:{f.f_code.co_name}:{f.f_lineno}"
                     break
                 f = f.f_back
@@ -280,6 +286,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     registry.load_plugins()
+    if args.count_calls.startswith("gpu") and not torch.cuda.is_available():
+        emulated_gpu.device()  # before any backward: autograd counts a backend's devices once
     if args.callgrind_child:
         for scheduler in args.schedulers.split(","):
             one_run(args, scheduler, variants(False)[args.callgrind_child])  # warm-up: imports, caches
@@ -293,7 +301,7 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"--variants: unknown or unavailable {unknown}; choices here: {', '.join(ways)}")
         ways = {w: ways[w] for w in wanted}
-    for flag, wanted, choices in (("--profile", args.profile, variants(gpu)), ("--count-calls", args.count_calls, variants(gpu)),
+    for flag, wanted, choices in (("--profile", args.profile, variants(gpu)), ("--count-calls", args.count_calls, variants(True)),
                                   ("--instructions", args.instructions, variants(False))):  # valgrind runs no GPU
         if wanted and wanted not in choices:
             raise SystemExit(f"{flag}: unknown or unavailable variant {wanted!r}; choices here: {', '.join(choices)}")
@@ -340,8 +348,14 @@ def main() -> None:
             print(f"\n{scheduler}, {args.profile}:")
             one_run(args, scheduler, variants(gpu)[args.profile], profile=True)
         if args.count_calls:
-            print(f"\n{scheduler}, {args.count_calls}:")
-            one_run(args, scheduler, variants(gpu)[args.count_calls], profile="count")
+            extra = variants(True)[args.count_calls]
+            if "runtime.torch_device=cuda" in extra and not torch.cuda.is_available():
+                print(f"\n{scheduler}, {args.count_calls}, on a GPU emulated on the CPU (calls, not times):")
+                with emulated_gpu.emulated_gpu():  # and matrix-product convolutions, CUDA's default
+                    one_run(args, scheduler, extra + ["runtime.replica_conv=matmul"] * ("batched" in args.count_calls and "grouped" not in args.count_calls), profile="count")
+            else:
+                print(f"\n{scheduler}, {args.count_calls}:")
+                one_run(args, scheduler, extra, profile="count")
         if args.instructions:
             n = instructions(scheduler, args.instructions)
             print(f"\n{scheduler}, {args.instructions}: host instructions in the training: {n:,} ({n / args.devices:,.0f} per device)")
