@@ -29,6 +29,16 @@ Otherwise the group takes the per-replica update (lean_torch.sgd_steps) on the s
 Restoring a stage's optimizer state (Stage.restore) replaces its momentum buffers, so it retires
 the stage's bank; the next group step builds a new one.
 
+**Held gradients.** A batched backward of the whole bank (every row, in row order) leaves its J
+stacked gradients in the bank (`hold`) instead of handing each replica its rows: K x J views and
+`.grad` assignments a backward, K x J checks at the step that they are rows again, and K x J
+`.grad = None` after it (5.2% of a batched FL epoch's host instructions, MLP proxy). A second
+micro-batch's backward adds to them (`held + g`, each replica's `p.grad + g`), and the group's
+step takes them as they are. Anything else that may read a replica's gradients first hands them
+out (`hand_out`: a lone step or backward of a replica, its checkpoint, a role's own function run
+in a flush, a step the bank cannot serve, retiring the bank), and so does every flush's end, so
+role programs, which run between flushes, never see a bank holding their gradients.
+
 Results are bit for bit those of each replica's own update: torch's SGD is elementwise, and the
 same arithmetic runs on every element whichever tensor holds it (tests/test_replica_bank.py).
 """
@@ -46,6 +56,7 @@ class ReplicaBank:
         self.names = stages[0].param_names
         self.params = params  # J tensors of K rows
         self.momentum = momentum  # J tensors of K rows; None until the first step makes them
+        self.held: list[torch.Tensor] | None = None  # J tensors of K rows: the replicas' gradients, not handed out (`hold`)
         self.live = True
         self._ptrs = [[p.data_ptr() for p in st.params.values()] for st in stages]
 
@@ -82,7 +93,30 @@ class ReplicaBank:
 
     def retire(self) -> None:
         """No more group steps over this bank (its rows stay where the replicas' tensors live)."""
+        self.hand_out()
         self.live = False
+
+    def hold(self, grads: list[torch.Tensor]) -> None:
+        """Keep a batched backward's gradients of every replica (J tensors of K rows, in row
+        order) here instead of handing each replica its rows: the group's step takes them as
+        they are. Held gradients from an earlier backward (a first micro-batch) are added to, as
+        each replica's `p.grad + g` would be. Any other use of a replica's gradients first hands
+        them out (`hand_out`, `hand_out_all`)."""
+        if self.held is None:
+            self.held = list(grads)
+            _HOLDING[id(self)] = self
+        else:
+            self.held = [h + g for h, g in zip(self.held, grads)]
+
+    def hand_out(self) -> None:
+        """Each replica's held gradients into its parameters' `.grad` (rows, no copy)."""
+        if self.held is None:
+            return
+        held, self.held = self.held, None
+        _HOLDING.pop(id(self), None)
+        for n, rows in zip(self.names, held):
+            for st, row in zip(self.stages, rows.unbind(0)):
+                st.params[n].grad = row
 
     def ready(self, stages: list) -> bool:
         """Whether `stages`' step may run over this bank (see the module's docstring)."""
@@ -99,8 +133,10 @@ class ReplicaBank:
         return True
 
     def gradients(self) -> list[torch.Tensor] | None:
-        """Each parameter's K gradients as one tensor (a view where they are a tensor's rows); None
-        where one is missing."""
+        """Each parameter's K gradients as one tensor (the held ones, or a view where they are a
+        tensor's rows); None where one is missing."""
+        if self.held is not None:
+            return self.held
         out = []
         for n in self.names:
             grads = [st.params[n].grad for st in self.stages]
@@ -111,7 +147,11 @@ class ReplicaBank:
         return out
 
     def step(self, grads: list[torch.Tensor]) -> None:
-        """The group's optimizer update, as each replica's own step would make it."""
+        """The group's optimizer update, as each replica's own step would make it (held gradients
+        are used up: the step leaves no gradients)."""
+        if self.held is not None:
+            self.held = None
+            _HOLDING.pop(id(self), None)
         group = self.stages[0].optimizer.param_groups[0]
         creates = group["momentum"] != 0 and self.momentum is None
         buffers = [None] * len(self.params) if self.momentum is None else self.momentum
@@ -126,8 +166,10 @@ class ReplicaBank:
 def step(stages: list) -> bool:
     """The optimizer steps of `stages` (equal step signatures, lean_torch.SGD with one parameter
     group) as one update over their bank, built here where worthwhile; False where they must
-    take the per-replica update instead (nothing changed)."""
+    take the per-replica update instead (their held gradients handed out, nothing else changed)."""
     bank = stages[0].bank
+    if bank is not None and bank.held is not None and not bank.ready(stages):
+        bank.hand_out()
     if bank is None or not bank.ready(stages):
         # build for a group larger than any live bank its members are in: a group that changes
         # from step to step (a server's replicas stepping in varying subsets) does not rebuild
@@ -148,6 +190,30 @@ def step(stages: list) -> bool:
         return False
     bank.step(grads)
     return True
+
+
+_HOLDING: dict = {}  # id -> bank with held gradients
+
+
+def hand_out_all() -> None:
+    """Every bank's held gradients to their replicas: before anything but a batched call of
+    the group may read a gradient (framework/runtime/deferred.py: a lone call, a flush's end)."""
+    for bank in list(_HOLDING.values()):
+        bank.hand_out()
+
+
+def holding(stages: list) -> ReplicaBank | None:
+    """The live bank whose rows `stages` are, in row order, all of them, where their gradients
+    may be held there (none handed out: no replica has a gradient of its own); else None."""
+    bank = stages[0].bank
+    if bank is None or not bank.live or len(stages) != len(bank.stages):
+        return None
+    for i, st in enumerate(stages):
+        if st.bank is not bank or st.bank_row != i:
+            return None
+    if bank.held is None and any(p.grad is not None for st in stages for p in st.params.values()):
+        return None
+    return bank
 
 
 def bank_order(stages: list) -> list[int] | None:

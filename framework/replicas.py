@@ -13,7 +13,9 @@ stage's losses and correct counts stay on the device (`LossRow`) until a member'
 autograd call over the shared graph (zero gradient for members not in the call; the graph is kept
 until its last member is done) and adds each member's slice of the gradients to its own
 parameters (where all members are in the call and hold gradients that are one tensor's rows, the
-second micro-batch's, as one stacked add per parameter). `run_steps(stages)` runs the replicas'
+second micro-batch's, as one stacked add per parameter); where the members are all of a replica
+bank's rows, the stacked gradients stay in the bank for the group's step (replica_bank.py, *Held
+gradients*). `run_steps(stages)` runs the replicas'
 SGD steps as one update over their bank (framework/replica_bank.py). Results equal the
 one-at-a-time calls up to rounding (float64: about 1e-15).
 
@@ -157,10 +159,13 @@ def run_steps(stages: list) -> list:
     """The optimizer steps of `stages` (equal step signatures) as one update: over their
     parameters' bank (framework/replica_bank.py) where it holds, else over each replica's tensors
     (lean_torch.sgd_steps)."""
+    bank = stages[0].bank
+    took_held = bank is not None and bank.held is not None  # no replica has a gradient to clear then
     if not replica_bank.step(stages):
+        took_held = False
         lean_torch.sgd_steps([st.optimizer for st in stages])
     for st in stages:
-        st.finish_step()
+        st.finish_step(clear_grads=not took_held)
     return [None] * len(stages)
 
 
@@ -251,6 +256,12 @@ def run_backwards(reqs: list[BackwardRequest]) -> list:
     # November). A CPU's foreach update runs per tensor anyway, and there the copies cost more
     # than the strided update saves (batched FL, 64 LeNets: 1.28-1.42 s against 0.89-1.09 s)
     grads = [g if g is None or not g.is_cuda or g.is_contiguous() else g.contiguous() for g in grads]
+    n_params = len(graph.params)
+    bank = _holding_bank(graph, [r.stage for r in reqs], idx, grads[:n_params]) if completes else None
+    if bank is not None:  # the group's gradients stay stacked in its bank, for its step
+        bank.hold(grads[:n_params])
+        x_rows = None if graph.x is None else grads[-1].unbind(0)
+        return [None if x_rows is None else x_rows[i] for i in idx]
     summed = _add_held_gradients(graph, [r.stage for r in reqs], idx, grads) if completes else set()
     rows = [None if g is None else g.unbind(0) for g in grads]  # one call per tensor, not one per member (GPU: host time per op)
     out = []
@@ -258,6 +269,20 @@ def run_backwards(reqs: list[BackwardRequest]) -> list:
         r.stage.add_grads([None if g is None else g[i] for g in rows], replace=summed)
         out.append(None if graph.x is None else rows[-1][i])
     return out
+
+
+def _holding_bank(graph: SharedGraph, stages: list, idx: list[int], grads: list):
+    """The replica bank that may hold this backward's parameter gradients as they came out
+    (framework/replica_bank.py `hold`): every member of the graph is in the call, they are
+    their bank's rows in order, and every parameter has a gradient; else None. Then no replica
+    is handed its rows one by one (K x J views and assignments a backward, and as many checks
+    that they are rows again at the step), unless something other than the group's step asks."""
+    if len(idx) != len(graph.inputs) or any(g is None for g in grads):
+        return None
+    by_row = [None] * len(idx)
+    for st, i in zip(stages, idx):
+        by_row[i] = st
+    return replica_bank.holding(by_row)
 
 
 def _add_held_gradients(graph: SharedGraph, stages: list, idx: list[int], grads: list) -> set[int]:

@@ -240,20 +240,29 @@ class Stage:
         entries beyond the parameters, such as an input gradient, are ignored). The parameters
         whose indices are in `replace` take theirs as given: the sum with the held gradient
         made already (framework/replicas.py)."""
+        self.hand_out_gradients()
         for j, (p, g) in enumerate(zip(self.params.values(), grads)):
             if g is not None:
                 p.grad = g if p.grad is None or j in replace else p.grad + g
 
+    def hand_out_gradients(self) -> None:
+        """Gradients that this replica's bank holds for it (framework/replica_bank.py `hold`) into
+        its parameters' `.grad`, before anything but the group's step uses them."""
+        if self.bank is not None and self.bank.held is not None:
+            self.bank.hand_out()
+
     def step(self) -> None:
         if self.numerics:
+            self.hand_out_gradients()
             self.optimizer.step()
         self.finish_step()
 
-    def finish_step(self) -> None:
+    def finish_step(self, clear_grads: bool = True) -> None:
         """What follows the optimizer's update (also after identical replicas' batched update,
-        framework/replicas.py `run_steps`)."""
-        if self.numerics:  # optimizer.zero_grad(set_to_none=True) on the same parameters, without its
-            for p in self.params.values():  # profiler record and dispatch wrapper (per replica per step)
+        framework/replicas.py `run_steps`; `clear_grads=False` where that update used gradients
+        its bank held, so that no replica has any)."""
+        if self.numerics and clear_grads:  # optimizer.zero_grad(set_to_none=True) on the same parameters,
+            for p in self.params.values():  # without its profiler record and dispatch wrapper (per replica per step)
                 p.grad = None
         self.version += 1
 
@@ -264,6 +273,7 @@ class Stage:
         counters into `bag` (framework.checkpoint). Taken between flushes: no activations alive."""
         from framework import checkpoint as ck
 
+        self.hand_out_gradients()
         if self._saved or self._history:
             raise ck.CheckpointError(f"stage [{self.start}:{self.stop}) still holds activations of {sorted(map(str, [*self._saved, *self._history]))}")
         out = {"bounds": [self.start, self.stop], "version": self.version, "peak_inflight": self.peak_inflight, "staleness": list(self.staleness)}

@@ -220,19 +220,23 @@ def test_batched_runs_step_over_the_bank_bit_for_bit(tmp_path, monkeypatch, extr
     with the per-replica update only: the same weights bit for bit, and every group step ran over
     the bank. PiPar's two micro-batches per iteration: the second backward adds the gradients
     held from the first as one stacked add per parameter (`_add_held_gradients`), and that too
-    changes no bit against each replica's own additions."""
-    used, summed = [], []
-    step, add_held = replica_bank.step, replicas._add_held_gradients
+    changes no bit against each replica's own additions; once the bank exists, it holds the
+    gradients of both micro-batches and adds them there (`ReplicaBank.hold`)."""
+    used, summed, held = [], [], []
+    step, add_held, hold = replica_bank.step, replicas._add_held_gradients, replica_bank.ReplicaBank.hold
     monkeypatch.setattr(replica_bank, "step", lambda stages: used.append(step(stages)) or used[-1])
     monkeypatch.setattr(replicas, "_add_held_gradients", lambda *a: summed.append(add_held(*a)) or summed[-1])
+    monkeypatch.setattr(replica_bank.ReplicaBank, "hold", lambda bank, grads: held.append(bank.held is not None) or hold(bank, grads))
     cfg = [*extra, "runtime.batch_replicas=true", "train.epochs=2"]
     banked = run(tmp_path / "bank", cfg)
     monkeypatch.setattr(replica_bank, "step", lambda stages: False)
     monkeypatch.setattr(replicas, "_add_held_gradients", lambda *a: set())
+    monkeypatch.setattr(replicas, "_holding_bank", lambda *a: None)
     plain = run(tmp_path / "plain", cfg)
-    assert used and all(used)
+    assert used and all(used) and held  # every group step over the bank; gradients held there
     if "scheduler.N=2" in extra:  # each iteration's second micro-batch: every parameter summed stacked
-        assert sum(1 for s in summed if s) == len(summed) // 2 and all(s == set(range(len(s))) for s in summed)
+        stacked = sum(1 for s in summed if s) + sum(held)
+        assert stacked == (len(summed) + len(held)) // 2 and all(s == set(range(len(s))) for s in summed)
     assert banked[0].runtime.deferred.batched_by_kind["step"] > 0
     assert banked[2].keys() == plain[2].keys() and all(torch.equal(banked[2][k], plain[2][k]) for k in banked[2])
     assert banked[1]["metrics"]["val/acc"] == plain[1]["metrics"]["val/acc"]
@@ -259,4 +263,105 @@ def test_run_forwards_returns_results_in_request_order_when_it_runs_them_in_bank
     assert [g[0] for g in got] == pytest.approx(want, rel=1e-6)
     assert [st.slot_of("k").index for st in stages] == [0, 1, 2, 3]  # the shared graph's rows: bank order
     replicas.run_backwards([replicas.BackwardRequest(st, "k") for st in stages])
+    bank = stages[0].bank  # the group's gradients stay in its bank, in its row order
+    assert bank.held is not None and all(p.grad is None for st in stages for p in st.params.values())
+    bank.hand_out()
     assert replica_bank.as_rows([st.params[st.param_names[0]].grad for st in stages]) is not None
+
+
+def _held_and_handed(monkeypatch):
+    """Two identical banked groups after one batched forward and backward: the first holds its
+    gradients in its bank, the second (holding switched off) handed each replica its rows."""
+    groups = (_stages(), _stages())
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(3, 1, 28, 28, generator=g) for _ in range(K)]
+    y = torch.tensor([0, 1, 2])
+    for i, group in enumerate(groups):
+        _set_grads(group, 0, True)
+        assert replica_bank.step(group)
+        for st in group:
+            st.finish_step()
+        with monkeypatch.context() as m:
+            if i:
+                m.setattr(replicas, "_holding_bank", lambda *a: None)
+            replicas.run_forwards([replicas.ForwardRequest(st, x, "k", y) for st, x in zip(group, xs)])
+            replicas.run_backwards([replicas.BackwardRequest(st, "k") for st in group])
+    return groups
+
+
+def _grads_equal(a: Stage, b: Stage) -> None:
+    for (n, p), q in zip(a.params.items(), b.params.values()):
+        assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)), n
+
+
+@pytest.mark.parametrize("use", ["step", "checkpoint", "add_grads"])
+def test_held_gradients_are_handed_out_before_a_replica_uses_its_own(monkeypatch, use):
+    """A batched backward of a whole bank keeps the gradients stacked in the bank; no replica has
+    any until something but the group's step asks: a lone step of one replica, a checkpoint,
+    a lone backward's accumulation. Then every replica gets its rows, bit for bit what it would
+    have been handed at the backward."""
+    held, handed = _held_and_handed(monkeypatch)
+    bank = held[0].bank
+    assert bank.held is not None and all(p.grad is None for st in held for p in st.params.values())
+    assert all(p.grad is not None for st in handed for p in st.params.values())
+    if use == "step":
+        held[1].step()
+        handed[1].step()
+        _assert_equal(held, handed)
+    elif use == "checkpoint":
+        from framework import checkpoint as ck
+
+        held[0].checkpoint(ck.Bag(), "s")
+    else:
+        held[2].add_grads([None] * len(held[2].params))
+    assert bank.held is None
+    for a, b in zip(held, handed):
+        _grads_equal(a, b)
+
+
+def test_the_group_step_takes_held_gradients_and_leaves_none(monkeypatch):
+    """The group's step over the bank uses the held gradients as they are (no replica handed
+    any) and ends bit for bit where the step over handed-out rows ends."""
+    held, handed = _held_and_handed(monkeypatch)
+    replicas.run_steps(held)
+    replicas.run_steps(handed)
+    _assert_equal(held, handed)
+    assert held[0].bank.held is None and all(p.grad is None for st in held for p in st.params.values())
+
+
+@pytest.mark.parametrize("reader", ["role-function", "after-the-flush"])
+def test_a_flush_ends_with_every_gradient_handed_out(monkeypatch, reader):
+    """Role code runs only between flushes and may read its gradients (AdaLearner's workers send
+    theirs): a role's own function run in the flush after a batched backward (a read of its
+    model) sees them, and so does the role once the flush is over."""
+    from framework.runtime.deferred import DeferredCompute
+
+    held, handed = _held_and_handed(monkeypatch)
+    for group in (held, handed):  # from here on, through the simulator's queue
+        replicas.run_steps(group)
+    g = torch.Generator().manual_seed(9)
+    xs = [torch.randn(3, 1, 28, 28, generator=g) for _ in range(K)]
+    y = torch.tensor([0, 1, 2])
+    seen = []
+    for i, group in enumerate(groups := (held, handed)):
+        with monkeypatch.context() as m:
+            if i:
+                m.setattr(replicas, "_holding_bank", lambda *a: None)
+            d = DeferredCompute()
+            for st, x in zip(group, xs):
+                d.submit(st.forward, (x, "j", y), {})
+            for st in group:
+                d.submit(st.backward, ("j",), {})
+            def look(group=group):
+                seen.append([p.grad is not None for st in group for p in st.params.values()])
+
+            if reader == "role-function":  # queued behind the last replica's backward, in the same flush
+                d.submit_read(look, (), group[-1].model, {})
+            d.flush()
+            if reader == "after-the-flush":
+                look()
+            assert d.batched_by_kind["backward"] == K
+    assert seen[0] == seen[1] == [True] * len(seen[0])
+    assert held[0].bank.held is None
+    for a, b in zip(*groups):
+        _grads_equal(a, b)

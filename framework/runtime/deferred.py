@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from framework import replicas
+from framework import replica_bank, replicas
 from framework.runtime.placeholders import Pending, pending_in, resolve
 from framework.stage import Stage
 
@@ -193,7 +193,9 @@ class DeferredCompute:
             self.calls += len(calls)
             lost = next((c.error for c in calls if c.error is not None and c.handed_out), None)
             if lost is not None:  # a placeholder's call failed: nobody would ask for its error
+                replica_bank.hand_out_all()
                 raise lost
+        replica_bank.hand_out_all()  # the roles run again: each sees its own gradients
         if self.on_flushed is not None:
             self.on_flushed()
 
@@ -241,6 +243,8 @@ class DeferredCompute:
 
     @staticmethod
     def _run_alone(c: DeferredCall) -> None:
+        if _stage_op(c.fn) is None:  # a role's own function may read any replica's gradients
+            replica_bank.hand_out_all()
         try:
             c.settle(c.fn(*c.args, **c.kwargs))
         except Exception as e:  # noqa: BLE001 - raised in the role that made the call
