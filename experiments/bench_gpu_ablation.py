@@ -4,7 +4,8 @@
 (FL and PiPar, K = 64 VGG-5s, CIFAR-shaped, batch 32, as there) apart:
 
 - **ablations**: the replica bank (framework/replica_bank.py: the group's SGD step over one tensor
-  per parameter), the block copies of models (`models._copy_in_blocks`) and checkpoint files
+  per parameter), its held gradients (a batched backward's gradients left stacked in the bank,
+  `replicas._holding_bank`), the block copies of models (`models._copy_in_blocks`) and checkpoint files
   written in the background (framework/checkpoint_writer.py), each switched off by replacing
   the function that does it, alternating with the full tree over `--repeats` rounds (medians);
   one epoch, and `--epochs` epochs for the background write, whose file overlaps the next epoch;
@@ -37,12 +38,13 @@ sys.path.insert(0, str(ROOT))
 
 import experiments.bench_replicas as bench  # noqa: E402
 import framework.job as job_module  # noqa: E402
-from framework import models, registry, replica_bank  # noqa: E402
+from framework import models, registry, replica_bank, replicas  # noqa: E402
 from framework.checkpoint_writer import CheckpointWriter  # noqa: E402
 
-_ORIGINAL = {"bank": replica_bank.step, "blocks": models._copy_in_blocks, "writer": job_module.CheckpointWriter}
+_ORIGINAL = {"bank": replica_bank.step, "held": replicas._holding_bank, "blocks": models._copy_in_blocks, "writer": job_module.CheckpointWriter}
 _OFF = {
     "bank": lambda stages: False,  # every group takes the per-replica update
+    "held": lambda *a: None,  # a batched backward hands each replica its gradient rows
     "blocks": lambda module, memo: None,  # every tensor copied by itself
     "writer": lambda: CheckpointWriter(background=False),  # the file written before the run goes on
 }
@@ -50,6 +52,7 @@ _OFF = {
 
 def switch(off: frozenset) -> None:
     replica_bank.step = _OFF["bank"] if "bank" in off else _ORIGINAL["bank"]
+    replicas._holding_bank = _OFF["held"] if "held" in off else _ORIGINAL["held"]
     models._copy_in_blocks = _OFF["blocks"] if "blocks" in off else _ORIGINAL["blocks"]
     job_module.CheckpointWriter = _OFF["writer"] if "writer" in off else _ORIGINAL["writer"]
 
@@ -59,9 +62,9 @@ def ablations(args, scheduler: str) -> None:
     rows = {
         ("batched", 1): (batched, frozenset()),
         ("batched, no bank", 1): (batched, frozenset({"bank"})),
+        ("batched, no held gradients", 1): (batched, frozenset({"held"})),
         ("batched, no block copies", 1): (batched, frozenset({"blocks"})),
         ("one at a time", 1): (alone, frozenset()),
-        ("one at a time, no block copies", 1): (alone, frozenset({"blocks"})),
         ("batched", args.epochs): (batched, frozenset()),
         ("batched, checkpoint written first", args.epochs): (batched, frozenset({"writer"})),
     }
