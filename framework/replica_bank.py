@@ -45,6 +45,8 @@ same arithmetic runs on every element whichever tensor holds it (tests/test_repl
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from framework import lean_torch
@@ -192,7 +194,9 @@ def step(stages: list) -> bool:
     return True
 
 
-_HOLDING: dict = {}  # id -> bank with held gradients
+# id -> bank with held gradients; weak, so that a run stopped mid-flush leaves no bank (nor its
+# replicas) alive here once its roles are gone
+_HOLDING: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def hand_out_all() -> None:

@@ -186,16 +186,17 @@ class DeferredCompute:
 
     def flush(self) -> None:
         """Run every pending call (a dataflow program: see the module's docstring)."""
-        while self.pending:
-            calls, self.pending = self.pending, []
-            self.flushes += 1
-            self._run(calls)
-            self.calls += len(calls)
-            lost = next((c.error for c in calls if c.error is not None and c.handed_out), None)
-            if lost is not None:  # a placeholder's call failed: nobody would ask for its error
-                replica_bank.hand_out_all()
-                raise lost
-        replica_bank.hand_out_all()  # the roles run again: each sees its own gradients
+        try:
+            while self.pending:
+                calls, self.pending = self.pending, []
+                self.flushes += 1
+                self._run(calls)
+                self.calls += len(calls)
+                lost = next((c.error for c in calls if c.error is not None and c.handed_out), None)
+                if lost is not None:  # a placeholder's call failed: nobody would ask for its error
+                    raise lost
+        finally:
+            replica_bank.hand_out_all()  # the roles run again: each sees its own gradients
         if self.on_flushed is not None:
             self.on_flushed()
 
