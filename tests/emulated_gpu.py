@@ -41,7 +41,10 @@ def wanted() -> bool:
 
 
 def device() -> torch.device:
-    """The emulated accelerator (torch's PrivateUse1 backend, set up once per process)."""
+    """The emulated accelerator (torch's PrivateUse1 backend, set up once per process, and before
+    the process's first backward: autograd's engine counts each backend's devices once, and a
+    backward on a device it did not count fails an internal assertion; tests/conftest.py calls
+    this at import)."""
     global _READY
     if not _READY:
         if torch._C._get_privateuse1_backend_name() != NAME:
@@ -109,7 +112,9 @@ class OnDevice(torch.Tensor):
         self.elem = new.elem if isinstance(new, OnDevice) else new
 
 
-# operations that may take both: copies across devices, and CPU indices into a device tensor
+# operations that may take both: copies across devices, and CPU indices into a device tensor. Any
+# other mix is refused, which may be stricter than CUDA for some operation: if a real CUDA run
+# takes one that this refuses, add it here with the reason
 _CROSSING = {
     torch.ops.aten.copy_.default,
     torch.ops.aten._to_copy.default,
