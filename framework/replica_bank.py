@@ -104,18 +104,22 @@ class ReplicaBank:
         they are. Held gradients from an earlier backward (a first micro-batch) are added to, as
         each replica's `p.grad + g` would be. Any other use of a replica's gradients first hands
         them out (`hand_out`, `hand_out_all`)."""
-        if self.held is None:
-            self.held = list(grads)
-            _HOLDING[id(self)] = self
+        self._keep(list(grads) if self.held is None else [h + g for h, g in zip(self.held, grads)])
+
+    def _keep(self, held: list[torch.Tensor] | None) -> None:
+        """`held` as the bank's held gradients, and the bank in the registry of those holding any."""
+        self.held = held
+        if held is None:
+            _HOLDING.discard(self)
         else:
-            self.held = [h + g for h, g in zip(self.held, grads)]
+            _HOLDING.add(self)
 
     def hand_out(self) -> None:
         """Each replica's held gradients into its parameters' `.grad` (rows, no copy)."""
-        if self.held is None:
+        held = self.held
+        if held is None:
             return
-        held, self.held = self.held, None
-        _HOLDING.pop(id(self), None)
+        self._keep(None)
         for n, rows in zip(self.names, held):
             for st, row in zip(self.stages, rows.unbind(0)):
                 st.params[n].grad = row
@@ -151,9 +155,7 @@ class ReplicaBank:
     def step(self, grads: list[torch.Tensor]) -> None:
         """The group's optimizer update, as each replica's own step would make it (held gradients
         are used up: the step leaves no gradients)."""
-        if self.held is not None:
-            self.held = None
-            _HOLDING.pop(id(self), None)
+        self._keep(None)
         group = self.stages[0].optimizer.param_groups[0]
         creates = group["momentum"] != 0 and self.momentum is None
         buffers = [None] * len(self.params) if self.momentum is None else self.momentum
@@ -170,9 +172,10 @@ def step(stages: list) -> bool:
     group) as one update over their bank, built here where worthwhile; False where they must
     take the per-replica update instead (their held gradients handed out, nothing else changed)."""
     bank = stages[0].bank
-    if bank is not None and bank.held is not None and not bank.ready(stages):
+    ready = bank is not None and bank.ready(stages)
+    if not ready and bank is not None:
         bank.hand_out()
-    if bank is None or not bank.ready(stages):
+    if not ready:
         # build for a group larger than any live bank its members are in: a group that changes
         # from step to step (a server's replicas stepping in varying subsets) does not rebuild
         # at every step
@@ -194,15 +197,15 @@ def step(stages: list) -> bool:
     return True
 
 
-# id -> bank with held gradients; weak, so that a run stopped mid-flush leaves no bank (nor its
+# the banks with held gradients; weak, so that a run stopped mid-flush leaves no bank (nor its
 # replicas) alive here once its roles are gone
-_HOLDING: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_HOLDING: weakref.WeakSet = weakref.WeakSet()
 
 
 def hand_out_all() -> None:
     """Every bank's held gradients to their replicas: before anything but a batched call of
     the group may read a gradient (framework/runtime/deferred.py: a lone call, a flush's end)."""
-    for bank in list(_HOLDING.values()):
+    for bank in list(_HOLDING):
         bank.hand_out()
 
 

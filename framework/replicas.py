@@ -277,12 +277,21 @@ def _holding_bank(graph: SharedGraph, stages: list, idx: list[int], grads: list)
     their bank's rows in order, and every parameter has a gradient; else None. Then no replica
     is handed its rows one by one (K x J views and assignments a backward, and as many checks
     that they are rows again at the step), unless something other than the group's step asks."""
-    if len(idx) != len(graph.inputs) or any(g is None for g in grads):
+    by_row = _members_by_row(graph, stages, idx)
+    if by_row is None or any(g is None for g in grads):
+        return None
+    return replica_bank.holding(by_row)
+
+
+def _members_by_row(graph: SharedGraph, stages: list, idx: list[int]) -> list | None:
+    """`stages` in the order of their rows of `graph` (`idx`: each one's row), where the call
+    holds every row; else None."""
+    if len(idx) != len(graph.inputs):
         return None
     by_row = [None] * len(idx)
     for st, i in zip(stages, idx):
         by_row[i] = st
-    return replica_bank.holding(by_row)
+    return by_row
 
 
 def _add_held_gradients(graph: SharedGraph, stages: list, idx: list[int], grads: list) -> set[int]:
@@ -291,11 +300,9 @@ def _add_held_gradients(graph: SharedGraph, stages: list, idx: list[int], grads:
     micro-batches per iteration), add them to the new gradients as one stacked add, not one per
     replica; returns the indices of the parameters done so (their new gradients replace the held
     ones). The same additions, element for element."""
-    if len(idx) != len(graph.inputs):
+    by_row = _members_by_row(graph, stages, idx)
+    if by_row is None:
         return set()
-    by_row = [None] * len(idx)
-    for st, i in zip(stages, idx):
-        by_row[i] = st
     done = set()
     for j, name in enumerate(stages[0].param_names):
         if grads[j] is None or by_row[0].params[name].grad is None:  # nothing held (a first micro-batch)
