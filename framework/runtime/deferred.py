@@ -40,7 +40,7 @@ from framework.stage import Stage
 
 
 class DeferredCall:
-    __slots__ = ("owner", "fn", "args", "kwargs", "done", "value", "error", "index", "waiting", "dependents", "handed_out", "model", "name", "key")
+    __slots__ = ("owner", "fn", "args", "kwargs", "done", "value", "error", "index", "waiting", "dependents", "handed_out", "model", "name", "key", "op")
 
     def __init__(self, owner: "DeferredCompute", fn: Callable, args: tuple, kwargs: dict, index: int):
         self.owner, self.fn, self.args, self.kwargs = owner, fn, args, kwargs
@@ -52,6 +52,7 @@ class DeferredCall:
         self.model = None  # id of the model a Stage's call works on (its program order)
         self.name = getattr(fn, "__qualname__", None)  # for errors, after the call let go of fn
         self.key = None  # its group key, once its inputs are ready (None: it runs alone)
+        self.op = None  # ('forward' | 'backward' | 'step', stage) for a Stage's call (`_stage_op`), else None
 
     def result(self):
         if not self.done:
@@ -85,7 +86,7 @@ def _stage_op(fn) -> tuple[str, Stage] | None:
 def _group_key(call: DeferredCall):
     """Calls with equal keys run as one batched call; None: alone. Asked once the call's inputs
     are ready (a backward's key is its forward's shared graph)."""
-    op = _stage_op(call.fn)
+    op = call.op
     if op is None:
         return None
     kind, stage = op
@@ -130,6 +131,7 @@ class DeferredCompute:
         if op is None or (op[0] == "forward" and op[1].draws_random):
             self.flush()  # unknown state, or torch's random numbers: after everything before it
         call = self._queue(fn, args, kwargs, None if op is None else op[1].model)
+        call.op = op
         if op is not None:
             self.calls_by_kind[op[0]] += 1
         known, stand_in = (False, None) if op is None else self._placeholder(call, *op, on_demand)
@@ -244,7 +246,7 @@ class DeferredCompute:
 
     @staticmethod
     def _run_alone(c: DeferredCall) -> None:
-        if _stage_op(c.fn) is None:  # a role's own function may read any replica's gradients
+        if c.op is None:  # a role's own function may read any replica's gradients
             replica_bank.hand_out_all()
         try:
             c.settle(c.fn(*c.args, **c.kwargs))
@@ -252,7 +254,7 @@ class DeferredCompute:
             c.settle(error=e)
 
     def _run_batched(self, members: list[DeferredCall]) -> None:
-        kind, _ = _stage_op(members[0].fn)
+        kind, _ = members[0].op
         try:
             if kind == "forward":
                 out = replicas.run_forwards([replicas.ForwardRequest(c.fn.__self__, *c.args, **c.kwargs) for c in members], self.conv_as_matmul)
