@@ -12,10 +12,9 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import plugins.models  # noqa: F401  (registers every model)
 from framework.errors import ConfigError
 from framework.models import UnitModel, build_model
-from plugins.models import convnet, har_cnn, lenet, mlp, mobilenet, resnet, vgg
+from plugins.models import convnet, har_cnn, lenet, mlp, mobilenet, resnet, vgg  # (importing the package registers every model)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 BATCH = 2
