@@ -333,6 +333,24 @@ def test_sl_trains_devices_in_turn_and_equals_sequential_sgd(tmp_path):
     assert max(fwd["dev0"]) < min(fwd["dev1"]) and len(fwd["dev0"]) == len(fwd["dev1"]) == 2
 
 
+def test_sl_server_labels_each_reply_with_the_devices_own_iteration(tmp_path):
+    """The server answers device k with k's iteration numbers, as k labels what it sends: an
+    error-feedback compressor pairs each gradient with its activation by that label. Labelled
+    with one count over all devices, device 1's and 2's gradients paired with nothing, their
+    corrections were lost, and the checkpoint refused the compressor's unmatched state."""
+    job = make_job(tmp_path, ["scheduler=sl", "compressor=minmax_ef", "model=mlp", "dataset=synthetic_mnist", "cluster=pipar_wifi",
+                              "cluster.num_devices=3", "dataset.n_train=180", "train.batch_size=20", "train.epochs=2", "dataset.n_val=16", "dataset.n_test=16"])
+    job.train()  # checkpoints after each epoch
+    fwd = {}
+    for iv in sorted(job.runtime.timeline.intervals, key=lambda iv: iv.start):
+        if iv.kind == "fwd":
+            fwd.setdefault(iv.resource, []).append(iv.iteration)
+    devices = [fwd[f"dev{k}"] for k in range(3)]
+    assert all(d == list(range(6)) for d in devices)  # three iterations a device, two epochs
+    turns = [its[e * 3 : e * 3 + 3] for e in range(2) for its in devices]  # the server serves them in turn
+    assert fwd["server"] == [i for turn in turns for i in turn]
+
+
 def test_model_vectors_are_copies_laid_end_to_end_and_load_back():
     """A split model's flat vectors (what FedAvg averages and links carry): the units' float
     parameters and buffers end to end, copies of them (a later update does not show, also for a

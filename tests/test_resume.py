@@ -198,6 +198,34 @@ def test_other_schedules_resume_bit_identical(tmp_path, overrides):
         _stop_and_resume(tmp_path, overrides)
 
 
+SL_EF = ["scheduler=sl", "cluster=pipar_4g", "cluster.num_devices=3", "model=mlp", "compressor=minmax_ef"]
+
+
+def test_sl_with_error_feedback_resumes_bit_identical(tmp_path):
+    """The SL server's per-device counts (its replies' labels, which the compressor's kept error
+    pairs with) come back from the checkpoint."""
+    _stop_and_resume(tmp_path, SL_EF)
+
+
+def test_sl_resumes_from_a_checkpoint_with_one_served_count(tmp_path):
+    """Checkpoints written before the SL server counted per device hold one count over all
+    devices; taken at an epoch's end, it says how many whole epochs each device was served."""
+    full = _job(SL_EF, tmp_path / "full").run()
+    job = _job(SL_EF, tmp_path / "cut")
+    _stop_after(job, 0)
+    with pytest.raises(KeyboardInterrupt):
+        job.run()
+    path = tmp_path / "cut" / ck.DIR / "meta.json"
+    meta = json.loads(path.read_text())
+    s = job.scheduler
+    served = meta["runtime"]["roles"]["server"]["served"]
+    assert served == {str(k): s.num_iterations(k, s.plans[k]) for k in range(3)}  # epoch 0's
+    meta["runtime"]["roles"]["server"]["served"] = sum(served.values())
+    path.write_text(json.dumps(meta))
+    resumed = _job(SL_EF, tmp_path / "x", resume=tmp_path / "cut").run()
+    _same_run(tmp_path / "full", full, tmp_path / "cut", resumed)
+
+
 def test_adalearner_onebit_resumed_is_bit_identical(tmp_path):
     """The group owner's second-quantization residuals, the workers' replicas and the uplinks'
     codec streams are all in the checkpoint: the resumed 1-bit run is the uninterrupted one."""

@@ -14,7 +14,7 @@ from framework import checkpoint as ck
 from framework.errors import ConfigError
 from framework.scheduler import Role
 from framework.stage import Stage
-from plugins.schedulers.collaborative import CollabConfig, Collaborative
+from plugins.schedulers.collaborative import Collaborative
 from plugins.schedulers.pipar_planner import SERVER
 from plugins.schedulers.split_roles import DeviceRole, own_copy, serve_iteration, split_iteration
 from plugins.schedulers.schemas import SLConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
@@ -46,20 +46,31 @@ class SLServer(Role):
         self.P = sched.plans[0].P
         self.stage = Stage(self.model, self.P, sched.Q, sched.ctx.optimizer, numerics=sched.numerics)
         self.latest = None  # the device part last handed back: the next device's start
-        self.served = 0
+        # iterations served per device: a reply is labelled with the iteration of the device it
+        # answers, as the device labels what it sends (an error-feedback compressor pairs each
+        # gradient with its activation by that label; one count over all devices paired device
+        # k > 0's gradients with nothing, and the correction was lost)
+        self.served = {k: 0 for k in range(sched.K)}
 
     def state(self) -> dict:
         return {k: v.detach() for k, v in self.model.state_dict().items()} if self.sched.numerics else {}
 
     def checkpoint(self, bag, prefix: str) -> dict:
-        out = {"served": self.served, **ck.model_and_stage(bag, prefix, self.model, self.stage, self.sched.numerics)}
+        out = {"served": {str(k): n for k, n in self.served.items()}, **ck.model_and_stage(bag, prefix, self.model, self.stage, self.sched.numerics)}
         if self.latest is not None:
             out["latest"] = bag.put(f"{prefix}.latest", self.latest)
         return out
 
     def restore(self, bag, desc: dict) -> None:
         ck.load_model_and_stage(bag, desc, self.model, self.stage, self.sched.numerics)
-        self.served = int(desc["served"])
+        served = desc["served"]
+        if isinstance(served, int):  # a checkpoint from before the per-device counts: taken at an
+            # epoch's end, so every device had been served as many whole epochs
+            s = self.sched
+            per_epoch = {k: s.num_iterations(k, s.plans[k]) for k in range(s.K)}
+            epochs = served // max(1, sum(per_epoch.values()))
+            served = {k: epochs * n for k, n in per_epoch.items()}
+        self.served = {int(k): int(n) for k, n in served.items()}
         self.latest = bag.take(desc["latest"]) if "latest" in desc else None
 
     async def run(self, ctx) -> None:
@@ -67,11 +78,11 @@ class SLServer(Role):
         for epoch in range(self.first_epoch, s.epochs):
             for k in range(s.K):
                 if self.latest is not None:
-                    ctx.send(f"dev{k}", "turn", self.latest, iteration=self.served)
+                    ctx.send(f"dev{k}", "turn", self.latest, iteration=self.served[k])
                 for _ in range(s.num_iterations(k, s.plans[k])):
                     p = s.plans[k]
-                    await serve_iteration(ctx, self.stage, f"dev{k}", p.N, 1.0 / (p.N * p.micro_batch), self.served, s.numerics)
-                    self.served += 1
+                    await serve_iteration(ctx, self.stage, f"dev{k}", p.N, 1.0 / (p.N * p.micro_batch), self.served[k], s.numerics)
+                    self.served[k] += 1
                 self.latest = await ctx.recv(f"dev{k}", "handoff")
             if s.numerics:
                 s.layout.load(self.model, 0, self.P, self.latest)
