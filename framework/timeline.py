@@ -45,11 +45,13 @@ class Timeline:
         self.link_lost: dict[str, int] = defaultdict(int)  # of them lost on the way
         self.link_dups: dict[str, int] = defaultdict(int)  # arrived again (an ARQ copy whose ACK was lost)
         self.roles: list[str] = []
+        self._role_set: set[str] = set()  # `roles` as a set: a membership test per role added, not a scan
         self.clock = "virtual"  # or "wall" on real runtimes: what the times mean
         self.links: list[str] = []
 
     def add_role(self, role: str) -> None:
-        if role not in self.roles:
+        if role not in self._role_set:
+            self._role_set.add(role)
             self.roles.append(role)
 
     def compute(self, role, kind, start, end, iteration=-1, microbatch=-1, group=-1):
@@ -146,6 +148,7 @@ class Timeline:
             for (start, end), (r, k, it, mb, g, nb) in zip(times.tolist(), ints.tolist())
         ]
         self.roles, self.links, self.clock = list(desc["roles"]), list(desc["links"]), desc["clock"]
+        self._role_set = set(self.roles)
         for l, (b, raw, n, *more) in desc["counters"].items():
             self.link_bytes[l], self.link_raw_bytes[l], self.link_messages[l] = b, raw, n
             self.link_lost[l], self.link_dups[l] = more or self._outcomes(l)
