@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from framework import checkpoint as ck
 from framework.checkpoint_writer import CheckpointWriter
 from framework.errors import ConfigError
+from framework.long_lived import long_lived
 from framework import registry, torch_device
 from framework.cluster import Cluster
 from framework.data import build_dataset
@@ -279,6 +280,13 @@ class Job(RuntimeHooks):
         return (name + " " + " ".join(swept)).strip()[:250]
 
     def run(self) -> dict:
+        """Train, test and write the outputs; returns the summary. What is alive now and what the
+        run builds stays out of the cyclic collector's reach until the outputs are written
+        (framework/long_lived.py)."""
+        with long_lived():
+            return self._run()
+
+    def _run(self) -> dict:
         cfg = self.cfg
         self.out_dir.mkdir(parents=True, exist_ok=True)
         run_name = self.run_name()

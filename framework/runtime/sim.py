@@ -10,10 +10,8 @@ packet lengths. What a role sees of it (its context) is framework/runtime/sim_co
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -22,6 +20,7 @@ from framework import torch_device
 from framework.clock import VirtualClockLoop, run_virtual
 from framework.cluster import Cluster
 from framework.errors import ConfigError
+from framework.long_lived import long_lived
 from framework.runtime.base import Runtime, RuntimeHooks, check_retries
 from framework.runtime.deferred import DeferredCompute
 from framework.runtime.placeholders import DeferredHooks, Pending, pending_in, resolve
@@ -255,7 +254,7 @@ class SimRuntime(Runtime):
 
     def run(self, scheduler) -> float:
         """Build every role of `scheduler` and run them to the end; returns the virtual makespan."""
-        with _long_lived():  # building 128 model replicas had set off collections worth 0.15 s
+        with long_lived():  # building 128 model replicas had set off collections worth 0.15 s
             roles = {r: scheduler.build_role(r) for r in scheduler.role_devices()}
             start = 0.0
             if self._resume is not None:
@@ -287,35 +286,5 @@ class SimRuntime(Runtime):
             await asyncio.gather(*(wrap(n, r) for n, r in roles.items()))
             return self.loop.time()
 
-        with _long_lived():  # the roles just built, too
+        with long_lived(roles=len(roles)):  # the roles just built, too
             return run_virtual(main(), describe_pending=self.describe_pending, start=start)
-
-
-_frozen = 0  # nesting depth of _long_lived
-GC_YOUNG_THRESHOLD = 10_000
-
-
-@contextmanager
-def _long_lived():
-    """Everything alive on entry (imports, data, configs; nested: the roles built since) lives for
-    the whole run: moved out of the cyclic collector's reach (`gc.freeze`), a collection scans only
-    what the run itself allocates. Collections over the models' objects had cost 0.15-0.2 s of a
-    0.8 s PiPar run of 64 devices (measured with `gc.callbacks`). Cyclic garbage the run makes is
-    still collected, with young collections after 10,000 new objects instead of Python's 700: the
-    run makes many short-lived ones (placeholders, deferred calls, messages) that reference
-    counting frees anyway, and the collections were 4% of a batched PiPar epoch's host
-    instructions (64 devices; 2.7% fewer instructions with the higher threshold, counted by
-    callgrind). The outermost exit restores both."""
-    global _frozen
-    gc.freeze()
-    _frozen += 1
-    thresholds = gc.get_threshold()
-    if _frozen == 1:
-        gc.set_threshold(GC_YOUNG_THRESHOLD, *thresholds[1:])
-    try:
-        yield
-    finally:
-        _frozen -= 1
-        if not _frozen:
-            gc.set_threshold(*thresholds)
-            gc.unfreeze()
