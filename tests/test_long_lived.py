@@ -13,7 +13,6 @@ from tests.conftest import compose_cfg
 
 def test_nested_contexts_freeze_raise_the_threshold_and_restore_at_the_outermost_exit():
     before_threshold, before_frozen = gc.get_threshold(), gc.get_freeze_count()
-    kept = [object() for _ in range(3)]  # noqa: F841  (alive on entry: frozen)
     with ll.long_lived():
         assert gc.get_threshold()[0] == ll.YOUNG_THRESHOLD and gc.get_freeze_count() > before_frozen
         with ll.long_lived(roles=4_000):
