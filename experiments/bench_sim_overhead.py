@@ -3,7 +3,8 @@
 Runs, side by side in one process, the same training work two ways and prints the ratio:
 - `sim`: `runtime=sim` with the chosen schedule (default GPipe, S=4 stages, M=8 micro-batches,
   VGG-5 on the CIFAR-shaped set): role programs on the virtual clock, activations and gradients
-  encoded to wire bytes and back at every stage boundary, timeline recorded;
+  copied across every stage boundary (in-process, raw tensors skip the wire bytes; their byte
+  counts are the packets'), timeline recorded;
 - `plain`: a plain PyTorch loop over the same model, mini-batches and micro-batches (forward,
   backward with gradient accumulation, one SGD step per mini-batch), plus the same
   evaluation passes.
@@ -14,7 +15,9 @@ micro-batches (forward and backward per micro-batch, one SGD step per mini-batch
 average and the same evaluation: PiPar's arithmetic without its roles, messages and clock. The
 ratio is per sample (both process the same samples).
 
-Repeats alternate the two (ABAB...) and report medians, so machine noise hits both alike.
+Repeats alternate the two (AB BA AB...) and report medians, so machine noise hits both alike,
+and the paired ratio: the median over repeats of each repeat's sim / plain, the two runs of a
+repeat back to back (slow drift of the machine's speed cancels within a pair).
 
     python experiments/bench_sim_overhead.py                 # gpipe, S=4, M=8, vgg5
     python experiments/bench_sim_overhead.py --scheduler 1f1b --model lenet --dataset synthetic_mnist
@@ -166,7 +169,8 @@ def main() -> None:
     print(f"{'':<24}{'median s':>10}{'best s':>10}   runs (s)")
     print(f"{'plain PyTorch loop':<24}{p:>10.3f}{min(plain_s):>10.3f}   {', '.join(f'{x:.3f}' for x in plain_s)}")
     print(f"{'pipelab runtime=sim':<24}{s:>10.3f}{min(sim_s):>10.3f}   {', '.join(f'{x:.3f}' for x in sim_s)}")
-    print(f"ratio sim / plain: {s / p:.3f}x (medians), {min(sim_s) / min(plain_s):.3f}x (best of each); virtual time of the simulated run {vt:.3f}s")
+    paired = statistics.median(a / b for a, b in zip(sim_s, plain_s))
+    print(f"ratio sim / plain: {s / p:.3f}x (medians), {paired:.3f}x (paired), {min(sim_s) / min(plain_s):.3f}x (best of each); virtual time of the simulated run {vt:.3f}s")
 
 if __name__ == "__main__":
     main()

@@ -226,7 +226,7 @@ class Compressor:
                 return {k: self.on_gradient(g, kept) for k, g in tensors.items()}
         return tensors
 
-    def carry(self, tensors: dict, *, tag: str) -> tuple[dict, int] | None:
+    def carry(self, tensors: dict, *, tag: str, copy: bool = True) -> tuple[dict, int] | None:
         """The simulator's shortcut for a direction without a codec: (fresh contiguous copies of
         the tensors, the bytes their packet would take), counted as `encode` counts them; the
         receiver hands them to `received`. The same values arrive as through wire bytes, without
@@ -234,10 +234,13 @@ class Compressor:
         header left; a copy is aligned, so BLAS may sum in another order: float64 results can
         differ in the last bit). A timing-only (meta) tensor has no values to copy: the receiver
         gets its own meta tensor of the same shape, as `decode` would make. None where a codec
-        codes `tag`."""
+        codes `tag`. `copy=False`: the tensors themselves (detached), for a sender that keeps none
+        of them (framework.runtime.base.Context.send's `moved`)."""
         size = self.carried_size(tensors, tag=tag)
         if size is None:
             return None
+        if not copy:
+            return {k: t.detach() for k, t in tensors.items()}, size
         return {k: t.detach() if t.device.type == "meta" else t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}, size
 
     def carried_size(self, tensors: dict, *, tag: str) -> int | None:

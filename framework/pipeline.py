@@ -338,7 +338,7 @@ class StageRole(Role):
                     out = await ctx.compute(stage.fwd_work(sizes[a.mb]), stage.forward, inp, a.mb, y, scale, iteration=it, microbatch=a.mb, group=group)
                     self.busy_s += ctx.compute_s - c0
                     if nxt is not None:
-                        ctx.send(nxt, "act", out, iteration=it, microbatch=a.mb)
+                        ctx.send(nxt, "act", out, iteration=it, microbatch=a.mb, moved=True)  # the stage's output: nothing here keeps it
                     elif numerics:
                         ctx.report_train(*out)
                 elif a.op == "B":
@@ -348,7 +348,7 @@ class StageRole(Role):
                     self.busy_s += ctx.compute_s - c0
                     last_it = it
                     if prev is not None:
-                        ctx.send(prev, "grad", gin, iteration=it, microbatch=a.mb)
+                        ctx.send(prev, "grad", gin, iteration=it, microbatch=a.mb, moved=True)
                     if sched.flush_per == "epoch" and s == 0:
                         ctx.iteration_done(epoch, it, sizes[a.mb])
                 else:

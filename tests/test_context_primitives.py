@@ -52,6 +52,32 @@ def test_sleep_and_barrier_on_the_virtual_clock():
     assert {iv.kind for iv in rt.timeline.intervals} == {"send"}  # the barrier is messages on the links
 
 
+def test_a_moved_message_is_handed_over_without_a_copy():
+    """The receiver gets its own copy of what it is sent, as over a real link, unless the sender
+    declares it keeps nothing of it (`moved=True`, a Stage's fresh output): then the tensor itself
+    (detached). Bytes on the link and arrival times are the same either way."""
+    import torch
+
+    c = cluster(num_devices=2, link={"latency_s": 0.1})
+    sent = {"copied": torch.arange(6.0), "moved": torch.arange(6.0)}
+    got = {}
+
+    async def sender(ctx):
+        ctx.send("b", "copied", sent["copied"])
+        ctx.send("b", "moved", sent["moved"], moved=True)
+
+    async def receiver(ctx):
+        for tag in ("copied", "moved"):
+            got[tag] = (await ctx.recv("a", tag), ctx.now())
+
+    rt = SimRuntime(None, c, Compressor())
+    rt.run_roles({"a": ProgramRole("dev0", sender), "b": ProgramRole("dev1", receiver)})
+    assert torch.equal(got["copied"][0], sent["copied"]) and got["copied"][0].data_ptr() != sent["copied"].data_ptr()
+    assert got["moved"][0].data_ptr() == sent["moved"].data_ptr()
+    sends = [iv for iv in rt.timeline.intervals if iv.kind == "send"]
+    assert len(sends) == 2 and sends[0].nbytes == sends[1].nbytes
+
+
 def test_speed_trace_slows_exactly_the_compute_after_its_change():
     """dev1 computes 4x slower from t = T: its intervals that start after T take 4x as long as in
     the same run without the trace, those that end before T are unchanged, dev0's are unchanged."""

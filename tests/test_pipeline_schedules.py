@@ -186,7 +186,7 @@ def _carried_then_wired(tmp_path, monkeypatch, extra, collect):
     runs = []
     for how in ("carry", "wire"):
         if how == "wire":
-            monkeypatch.setattr(Compressor, "carry", lambda self, tensors, *, tag: None)
+            monkeypatch.setattr(Compressor, "carry", lambda self, tensors, *, tag, copy=True: None)
         job, res = run_job(tmp_path / how, cfg)
         runs.append(collect(job, res, tmp_path / how))
     return runs
@@ -209,6 +209,25 @@ def test_in_process_shortcut_equals_the_wire(tmp_path, monkeypatch, extra):
     assert net and net == {k: rb["metrics"][k] for k in net}
     learned = {k: v for k, v in ra["metrics"].items() if k.startswith(("val/", "train/"))}
     assert learned and learned == pytest.approx({k: rb["metrics"][k] for k in learned}, rel=1e-12)
+
+
+def test_moved_activations_and_gradients_train_as_copied_ones(tmp_path, monkeypatch):
+    """A pipeline stage hands its outputs on without a copy (`moved=True`): the run is bit for bit
+    the run in which every message is copied."""
+    from framework.compression import Compressor
+
+    cfg = [o for o in EXACT if not o.startswith("scheduler.microbatches")] + ["tracking=none", "runtime.progress=false", "train.epochs=1",
+                                                                             "scheduler=gpipe", "cluster.num_devices=3", "compressor=none", "scheduler.microbatches=4"]
+    runs = []
+    for how in ("moved", "copied"):
+        if how == "copied":
+            carry = Compressor.carry
+            monkeypatch.setattr(Compressor, "carry", lambda self, tensors, *, tag, copy=True: carry(self, tensors, tag=tag))
+        job, res = run_job(tmp_path / how, cfg)
+        runs.append((final_weights(job), res))
+    (wa, ra), (wb, rb) = runs
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert ra["virtual_time_s"] == rb["virtual_time_s"] and ra["metrics"]["val/acc"] == rb["metrics"]["val/acc"]
 
 
 @pytest.mark.parametrize("extra", [["scheduler=gpipe", "cluster.num_devices=3", "compressor=none"], ["scheduler=1f1b", "cluster.num_devices=3", "compressor=minmax_ef"],

@@ -90,7 +90,7 @@ class LocalContext(RoleContext):
         self.timeline.append(["c", self.role, work.kind, start, self.now(), iteration, microbatch, group])
         return result
 
-    def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True, retries=0) -> None:
+    def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True, retries=0, moved=False) -> None:  # `moved`: the bytes are copied anyway
         self._raise()
         check_retries(reliable, retries)
         if dst in self._lost and self._lost[dst].is_set():

@@ -78,7 +78,7 @@ class SimRuntime(Runtime):
     def mailbox(self, src: str, dst: str, tag: str) -> Mailbox:
         return self._mailboxes[(src, dst, tag)]
 
-    def send(self, src, dst, tag, payload, iteration, microbatch, reliable, retries=0) -> None:
+    def send(self, src, dst, tag, payload, iteration, microbatch, reliable, retries=0, moved=False) -> None:
         if dst not in self.contexts:
             raise ConfigError("scheduler", f"role {src!r} sends to unknown role {dst!r}; roles: {', '.join(self.contexts)}")
         check_retries(reliable, retries)
@@ -95,7 +95,7 @@ class SimRuntime(Runtime):
         if self.deferred is not None and pending_in(tensors):
             tensors, carried = self._carry_deferred(tensors, tag)
         else:
-            carried = self.codec.carry(tensors, tag=tag)  # raw tensors skip the wire bytes in-process,
+            carried = self.codec.carry(tensors, tag=tag, copy=not moved)  # raw tensors skip the wire bytes in-process,
             # and stay where they are: a GPU's activations are not copied to the CPU and back
         if carried is None:
             if self.torch_device is not None:

@@ -122,8 +122,8 @@ class SimContext(RoleContext):
             return stand_in
         return result if call is None else call.result()
 
-    def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True, retries=0) -> None:
-        self.rt.send(self.role, dst, tag, tensor, iteration, microbatch, reliable, retries)
+    def send(self, dst: str, tag: str, tensor, *, iteration=0, microbatch=0, reliable=True, retries=0, moved=False) -> None:
+        self.rt.send(self.role, dst, tag, tensor, iteration, microbatch, reliable, retries, moved)
 
     async def recv(self, src: str, tag: str, timeout: float | None = None):
         box = self.rt.mailbox(src, self.role, tag)
