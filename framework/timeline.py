@@ -18,10 +18,14 @@ from __future__ import annotations
 import itertools
 import json
 from array import array
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 
 from framework.gantt import GANTT_ROWS
+
+
+_BLOCK = 4096  # intervals per entry of Timeline.first_overlapping's index
 
 
 @dataclass
@@ -48,6 +52,11 @@ class Timeline:
         self._role_set: set[str] = set()  # `roles` as a set: a membership test per role added, not a scan
         self.clock = "virtual"  # or "wall" on real runtimes: what the times mean
         self.links: list[str] = []
+        # `first_overlapping`'s index: the largest end among the first (b + 1) * _BLOCK intervals
+        # of `_maxima_of` (the list they were taken from), b = 0, 1, ...
+        self._maxima_of: list | None = None
+        self._block_maxima: list[float] = []
+        self._busy: tuple | None = None  # (intervals, their number, `busy()` of them)
 
     def add_role(self, role: str) -> None:
         if role not in self._role_set:
@@ -76,10 +85,33 @@ class Timeline:
         return max((iv.end for iv in self.intervals), default=0.0)
 
     def busy(self) -> dict[str, float]:
+        """Seconds each resource was busy (read-only: the summary asks twice, a scan of a
+        10,000-device run's 2 million intervals each time)."""
+        ivs = self.intervals
+        if self._busy is not None and self._busy[0] is ivs and self._busy[1] == len(ivs):
+            return self._busy[2]
         out: dict[str, float] = defaultdict(float)
-        for iv in self.intervals:
+        for iv in ivs:
             out[iv.resource] += iv.end - iv.start
+        self._busy = (ivs, len(ivs), out)
         return out
+
+    def first_overlapping(self, t: float) -> int:
+        """An index before which every interval ends by `t`: what overlaps [t, ...) lies at or
+        after it. Each epoch's statistics scan only their own epoch this way, not the whole run
+        again (at 1,000 devices an epoch adds 200,000 intervals: a run of E epochs scanned
+        E^2 / 2 epochs' worth). The maxima are extended as intervals are added, so all the calls
+        of a run together read each interval once."""
+        ivs = self.intervals
+        if self._maxima_of is not ivs:  # a new list (a restored checkpoint's)
+            self._maxima_of, self._block_maxima = ivs, []
+        maxima = self._block_maxima
+        top = maxima[-1] if maxima else float("-inf")
+        while (len(maxima) + 1) * _BLOCK <= len(ivs):
+            lo = len(maxima) * _BLOCK
+            top = max(top, max(iv.end for iv in ivs[lo : lo + _BLOCK]))
+            maxima.append(top)
+        return bisect_right(maxima, t) * _BLOCK
 
     def role_stats(self, total: float | None = None) -> dict[str, dict[str, float]]:
         total = self.makespan if total is None else total

@@ -110,3 +110,32 @@ def test_the_chart_draws_each_bar_where_its_interval_is(tmp_path):
     y0 = next(y for y in range(img.height) if rgb["fwd"] in {img.getpixel((x, y)) for x in range(img.width)})
     xs = {k: [x for x in range(img.width) if img.getpixel((x, y0)) == rgb[k]] for k in ("fwd", "bwd")}
     assert max(xs["fwd"]) < min(xs["bwd"]) and abs(len(xs["fwd"]) - len(xs["bwd"])) <= 2
+
+
+def test_each_epochs_idle_time_scans_only_what_overlaps_it(monkeypatch):
+    """`first_overlapping(t)`: every interval before it ends by t, whatever order intervals were
+    added in; idle times over a window from that index equal a scan of every interval."""
+    import framework.timeline as timeline_module
+    from plugins.schedulers import idle
+
+    monkeypatch.setattr(timeline_module, "_BLOCK", 8)
+    rng = random.Random(3)
+    tl = Timeline()
+    roles = ["dev0", "dev1", "srv0", "fed"]
+    for epoch in range(6):  # each epoch's intervals after the one before's, a little out of order within it
+        for _ in range(40):
+            s = epoch * 10 + rng.uniform(0, 9)
+            tl.compute(rng.choice(roles), "fwd", s, s + rng.uniform(0, 1))
+        for t in (epoch * 10.0, epoch * 10 + 4.5, rng.uniform(0, 60)):
+            i = tl.first_overlapping(t)
+            assert i % 8 == 0 and all(iv.end <= t for iv in tl.intervals[:i])
+            window = (t, t + rng.uniform(1, 12))
+            fast = idle.idle_times(tl, *window, ["dev0", "dev1"], {"srv0", "fed"})
+            with monkeypatch.context() as m:
+                m.setattr(Timeline, "first_overlapping", lambda self, t: 0)
+                every = idle.idle_times(tl, *window, ["dev0", "dev1"], {"srv0", "fed"})
+            assert fast == every
+    assert tl.first_overlapping(50.0) == 5 * 40  # the first five epochs end by 50: skipped whole
+    busy = tl.busy()
+    tl.compute("dev0", "fwd", 70.0, 71.0)  # an interval added after: busy() counts it
+    assert tl.busy()["dev0"] == pytest.approx(busy["dev0"] + 1.0)

@@ -7,12 +7,14 @@ simulator's timeline, or the one real runtimes gather from their roles at each e
 
 from __future__ import annotations
 
+from itertools import islice
+
 
 def idle_times(timeline, start: float, end: float, device_roles: list[str], server_roles: set[str]) -> dict:
     """{"server_s", "device_mean_s", "device_max_s"} of idle seconds in [start, end)."""
     dev_busy = {r: 0.0 for r in device_roles}
     spans = []
-    for iv in timeline.intervals:
+    for iv in islice(timeline.intervals, timeline.first_overlapping(start), None):  # not the epochs before
         a, b = max(iv.start, start), min(iv.end, end)
         if b <= a:
             continue
