@@ -139,3 +139,40 @@ def test_each_epochs_idle_time_scans_only_what_overlaps_it(monkeypatch):
     busy = tl.busy()
     tl.compute("dev0", "fwd", 70.0, 71.0)  # an interval added after: busy() counts it
     assert tl.busy()["dev0"] == pytest.approx(busy["dev0"] + 1.0)
+
+
+def test_the_timelines_checkpoint_converts_only_the_intervals_added_since_the_last():
+    """Each epoch's checkpoint extends the columns of the one before (not the whole run's
+    intervals again), and stores what converting every interval at once stores, with the names
+    sorted however late each appeared; a restored timeline goes on the same way."""
+    import torch
+
+    from framework.checkpoint import Bag
+
+    def stored(tl):
+        bag = Bag()
+        desc = tl.checkpoint(bag, "t")
+        return desc["names"], bag.take(desc["columns"]), bag, desc
+
+    rng = random.Random(5)
+    tl = Timeline()
+    for epoch in range(4):
+        for _ in range(30):
+            res = rng.choice(["zeta", "alpha", f"dev{epoch}", "dev9->fed"])
+            if rng.random() < 0.5:
+                tl.compute(res, rng.choice(["fwd", "bwd", f"kind{3 - epoch}"]), rng.random(), 1 + rng.random(), rng.randint(-1, 9), rng.randint(-1, 3), rng.randint(-1, 2))
+            else:
+                tl.transfer(res, rng.random(), 2.0, rng.randint(0, 10**6), rng.randint(0, 5), -1, rng.choice(["send", "lost"]))
+        names, cols, bag, desc = stored(tl)
+        fresh = Timeline()
+        fresh.intervals = list(tl.intervals)
+        want_names, want, _, _ = stored(fresh)
+        assert names == want_names == sorted(names)
+        assert all(torch.equal(cols[k], want[k]) for k in ("times", "ints"))
+    back = Timeline()
+    back.restore(bag, desc)
+    assert back.intervals == tl.intervals
+    back.compute("late", "fwd", 3.0, 4.0)
+    tl.compute("late", "fwd", 3.0, 4.0)
+    (n1, c1, _, _), (n2, c2, _, _) = stored(back), stored(tl)
+    assert n1 == n2 and all(torch.equal(c1[k], c2[k]) for k in ("times", "ints"))
