@@ -248,8 +248,8 @@ class Stage:
     def hand_out_gradients(self) -> None:
         """Gradients that this replica's bank holds for it (framework/replica_bank.py `hold`) into
         its parameters' `.grad`, before anything but the group's step uses them."""
-        if self.bank is not None and self.bank.held is not None:
-            self.bank.hand_out()
+        if self.bank is not None:
+            self.bank.hand_out()  # nothing where it holds none
 
     def step(self) -> None:
         if self.numerics:
