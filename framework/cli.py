@@ -62,6 +62,9 @@ def app(cfg: DictConfig) -> float | None:
     parts = [f"{summary.get('clock', 'virtual')} time {summary['virtual_time_s']:.4g}s"]
     if summary.get("pipeline", True):  # collaborative schedules have no pipeline flushes: no bubble
         parts.append(f"bubble {summary['bubble_frac']:.3f}")
+    pred = summary.get("prediction") or {}
+    if pred.get("epoch_over_predicted") is not None:
+        parts.append(f"epoch {pred['epoch_s']:.4g}s / predicted {pred['predicted_epoch_s']:.4g}s = {pred['epoch_over_predicted']:.3f}")
     for k in ("val/acc", "test/acc"):
         if k in m:
             parts.append(f"{k} {m[k]:.4f}")

@@ -351,6 +351,17 @@ class Job(RuntimeHooks):
         path = self.out_dir / "model.safetensors"
         save_file(state, str(path), metadata={"model": self.cfg.model.name, "scheduler": self.cfg.scheduler.name, "dtype": self.cfg.runtime.dtype})
 
+    def _prediction(self) -> dict | None:
+        """The plan's predicted epoch beside the epochs this run took (their mean, on the run's
+        clock): None when the schedule predicts nothing."""
+        predicted = self.scheduler.planned_epoch_s()
+        if predicted is None:
+            return None
+        epochs = self.history["time/epoch_virtual_s"]
+        took = sum(epochs) / len(epochs) if epochs else None
+        ratio = took / predicted if took is not None and predicted > 0 else None
+        return {"predicted_epoch_s": predicted, "epoch_s": took, "epoch_over_predicted": ratio, "clock": self.clock}
+
     def final_model(self):
         """The trained model as the coordinator sees it: built from the roles' final states."""
         return self.scheduler.eval_model(self.runtime.final_states)
@@ -411,6 +422,11 @@ class Job(RuntimeHooks):
         }
         metrics.update(extra.get("metrics", {}))
         summary.update(extra.get("summary", {}))
+        summary["prediction"] = prediction = self._prediction()
+        if prediction:
+            metrics["plan/predicted_epoch_s"] = prediction["predicted_epoch_s"]
+            if prediction["epoch_over_predicted"] is not None:
+                metrics["plan/epoch_over_predicted"] = prediction["epoch_over_predicted"]
         if rt.dropouts:
             self.tracker.set_tag("pipelab.dropouts", ", ".join(f"{d['role']} (epoch {d['epoch']})" for d in rt.dropouts))
         tcfg = self.cfg.tracking

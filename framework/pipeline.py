@@ -167,6 +167,9 @@ class PipelineScheduler(Scheduler):
     def plan(self) -> dict:
         return self._plan
 
+    def planned_epoch_s(self) -> float:
+        return float(self._plan["predicted_epoch_s"])
+
     def plan_bounds(self, devices: list[str]) -> list[tuple[int, int]]:
         """The partitioner's cuts over `devices`, with the predictor as it stands (also when a
         run re-plans, framework/replan.py)."""

@@ -154,6 +154,13 @@ class Scheduler(ABC):
     def eval_model(self, states: dict[str, dict]) -> nn.Module:
         """The model to evaluate, from the roles' `state()`s (only roles with state appear)."""
 
+    def planned_epoch_s(self) -> float | None:
+        """The epoch the plan predicts, in seconds of the run's clock (None: this schedule makes no
+        prediction). Every run records it as `plan/predicted_epoch_s` beside the epoch it took,
+        and their ratio `plan/epoch_over_predicted`: a planner earns trust when it predicts what
+        the simulator then measures."""
+        return None
+
     def optional_roles(self) -> set[str]:
         """Roles whose loss a real runtime survives (each is told through `PeerLost`); the loss
         of any other role fails the run."""

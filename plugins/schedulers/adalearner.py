@@ -156,6 +156,9 @@ class AdaLearner(Scheduler):
             self._plan = self._make_plan()
         return self._plan
 
+    def planned_epoch_s(self) -> float:
+        return float(self.plan()["predicted_epoch_s"])
+
     def _make_plan(self) -> dict:
         cfg, ctx, W = self.cfg, self.ctx, self.W
         prof = {d: self._profile(d) for d in self.candidates}

@@ -242,6 +242,9 @@ class Collaborative(Scheduler):
         }
         return self._plan
 
+    def planned_epoch_s(self) -> float:
+        return float(self.plan()["predicted_epoch_s"])
+
     def epoch_metrics(self, epoch: int, start: float, end: float, timeline) -> dict[str, float]:
         idle = self.idle(timeline, start, end)
         return {"idle/server_s": idle["server_s"], "idle/device_mean_s": idle["device_mean_s"], "idle/device_max_s": idle["device_max_s"]}
@@ -262,7 +265,7 @@ class Collaborative(Scheduler):
             "rounds": rounds,
             "idle": {"server_s": idle["server_s"], "device_mean_s": idle["device_mean_s"], "device_max_s": idle["device_max_s"], "server_per_epoch_s": idle["server_s"] / epochs, "device_mean_per_epoch_s": idle["device_mean_s"] / epochs},
         }
-        metrics = {"idle/server_s": idle["server_s"], "idle/device_mean_s": idle["device_mean_s"], "plan/search_s": self.search_virtual_s, "plan/predicted_epoch_s": pl["predicted_epoch_s"]}
+        metrics = {"idle/server_s": idle["server_s"], "idle/device_mean_s": idle["device_mean_s"], "plan/search_s": self.search_virtual_s}
         if isinstance(pl["P"], int):
             metrics.update({"plan/P": pl["P"], "plan/N": pl["N"], "plan/predicted_iter_s": pl["predicted_iter_s"]})
         return {"summary": summary, "metrics": metrics}

@@ -214,6 +214,10 @@ class FeatureReplay(Scheduler):
     def plan(self) -> dict:
         return self._plan
 
+    def planned_epoch_s(self) -> float:
+        """Eq. 12's grouped cost (Eq. 10's serial one at K = 0, where both agree)."""
+        return float(self._plan["predicted_epoch_s"]["grouped_eq12"])
+
     # ---- roles -------------------------------------------------------------------------------
 
     def role_devices(self) -> dict[str, str]:
@@ -250,7 +254,7 @@ class FeatureReplay(Scheduler):
             "migrations": edge.get("migrations", []), "final_cut": edge.get("cut", pl["cut"]),
             "measured_rates_Bps": edge.get("rates"), "tau": edge.get("tau"), "drift_std": edge.get("drift_std", {}),
         }
-        out["metrics"].update({"plan/predicted_epoch_s": pl["predicted_epoch_s"]["grouped_eq12"], "replay/discarded": edge.get("discarded", 0), "replay/peak_history": edge.get("peak_history", 0),
+        out["metrics"].update({"replay/discarded": edge.get("discarded", 0), "replay/peak_history": edge.get("peak_history", 0),
                                "replay/migrations": len(edge.get("migrations", []))})
         return out
 

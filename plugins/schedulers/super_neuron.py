@@ -214,6 +214,9 @@ class SuperNeuron(Scheduler):
     def plan(self) -> dict:
         return self._plan
 
+    def planned_epoch_s(self) -> float:
+        return float(self._plan["predicted_epoch_s"])
+
     # ---- roles -------------------------------------------------------------------------------
 
     def role_devices(self) -> dict[str, str]:
