@@ -90,6 +90,10 @@ class Device:
         self._unit_stream = [i.act_bytes / cfg.activation_bytes_per_s + i.param_bytes / cfg.weight_bytes_per_s for i in self.infos]
         self._memo: dict[Work, float] = {}
         self.trace = _speed_trace(name, cfg.trace)
+        if cfg.cores is not None and cfg.slots != 1:
+            raise ConfigError(f"cluster.devices.{name}.cores", f"shares {cfg.cores} cores among every computation (processor sharing); FIFO slots ({cfg.slots}) are the other discipline: set one of them")
+        if cfg.cores is not None and self.trace:
+            raise ConfigError(f"cluster.devices.{name}.cores", "a shared processor with a speed trace is not modelled: drop the trace or the cores")
 
     def _kind_factor(self, info) -> float:
         kf = self.cfg.kind_factors

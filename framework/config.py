@@ -58,7 +58,11 @@ class DeviceConfig:
     activation_bytes_per_s: float = float("inf")
     weight_bytes_per_s: float = float("inf")
     memory_bytes: Optional[float] = None  # capacity; null = unbounded
-    slots: int = 1  # computations that may run at once (server replicas in parallel)
+    slots: int = 1  # computations that may run at once, FIFO, each at full speed
+    # cores shared by every computation on the device (processor sharing: n > cores computations
+    # each run at cores / n of their speed alone, as an OS shares a server among replica
+    # processes); null: FIFO `slots` instead (framework/runtime/shared_processor.py)
+    cores: Optional[int] = None
     # [[t_s, factor], ...]: from t_s on, compute takes factor x as long (piecewise constant). Typed
     # loosely because OmegaConf refuses an int (`[[0, 2]]`) in a List[List[float]]; checked in
     # framework.validate_numbers

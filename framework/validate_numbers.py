@@ -82,6 +82,7 @@ DEVICE = {
     "weight_bytes_per_s": Range(0, low_open=True, inf=True, note="bytes/s; .inf = free"),
     "memory_bytes": Range(0, low_open=True, null=True, note="bytes; null = unbounded"),
     "slots": Range(1, integer=True),
+    "cores": Range(1, integer=True, null=True, note="null = FIFO slots"),
 }
 
 LINK = {

@@ -24,6 +24,7 @@ from framework.long_lived import long_lived
 from framework.runtime.base import Runtime, RuntimeHooks, check_retries
 from framework.runtime.deferred import DeferredCompute
 from framework.runtime.placeholders import DeferredHooks, Pending, pending_in, resolve
+from framework.runtime.shared_processor import SharedProcessor
 from framework.runtime.sim_context import DeviceQueue, Mailbox, SimContext
 
 
@@ -58,7 +59,8 @@ class SimRuntime(Runtime):
         self.loop: VirtualClockLoop | None = None
         self.contexts: dict[str, SimContext] = {}
         self.roles: dict = {}
-        self.device_queues = {name: DeviceQueue(dev.slots) for name, dev in cluster.devices.items()}
+        # FIFO slots, or cores shared among whatever runs (framework/runtime/shared_processor.py)
+        self.device_queues = {name: SharedProcessor(dev.cfg.cores) if dev.cfg.cores else DeviceQueue(dev.slots) for name, dev in cluster.devices.items()}
         self._mailboxes: dict = defaultdict(Mailbox)
         self._barriers: dict = {}
         self._resume_order: list[str] = []
@@ -163,10 +165,10 @@ class SimRuntime(Runtime):
             if waiter is not None:
                 await waiter
             start = self.loop.time()
-            await self.loop.sleep(seconds)
-            self.timeline.compute(role, kind, start, start + seconds, iteration, microbatch, -1)
+            end = await queue.hold(self.loop, seconds)
+            self.timeline.compute(role, kind, start, end, iteration, microbatch, -1)
             queue.release()
-            then(start + seconds)
+            then(end)
 
         self.loop.create_task(work())
 
@@ -207,7 +209,7 @@ class SimRuntime(Runtime):
         and torch's generator (the roles' dropout draws). Nothing may be in flight."""
         from framework import checkpoint as ck
 
-        busy = [n for n, q in self.device_queues.items() if q.waiters or q.free != self.cluster.device(n).slots]
+        busy = [n for n, q in self.device_queues.items() if not q.idle]
         pending = sorted({f"{src}->{dst} {tag}" for (src, dst, tag), box in self._mailboxes.items() if box.items})
         now = self.loop.time()
         sending = [ch.name for ch in self.cluster.channels if ch.free_at > now]

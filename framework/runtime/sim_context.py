@@ -20,11 +20,23 @@ if TYPE_CHECKING:
 
 
 class DeviceQueue:
-    """FIFO admission to a device's compute slots, in virtual time."""
+    """FIFO admission to a device's compute slots, in virtual time: a computation waits for a slot,
+    then runs at full speed (`SharedProcessor` is the other discipline: cores shared)."""
 
     def __init__(self, slots: int):
+        self.slots = slots
         self.free = slots
         self.waiters: deque = deque()
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiters and self.free == self.slots
+
+    async def hold(self, loop, seconds: float) -> float:
+        """Run a computation of `seconds` on the slot it holds; returns its end."""
+        if seconds > 0:
+            await loop.sleep(seconds)
+        return loop.time()
 
     def try_acquire(self, loop) -> asyncio.Future | None:
         """Take a slot now (None), or get in line: the future completes when the slot is ours."""
@@ -112,10 +124,9 @@ class SimContext(RoleContext):
                 result = fn(*args, **kwargs) if fn is not None else None
                 duration = self.device.duration(work, start, time.perf_counter() - t0)
             self.waiting_on = ("compute", work.kind)
-            self.compute_s += duration
-            if duration > 0:
-                await rt.loop.sleep(duration)
-            rt.timeline.compute(self.role, work.kind, start, start + duration, iteration, microbatch, group)
+            end = await queue.hold(rt.loop, duration)  # longer than `duration` on a shared processor
+            self.compute_s += end - start
+            rt.timeline.compute(self.role, work.kind, start, end, iteration, microbatch, group)
         finally:
             queue.release()
         if known:
