@@ -136,7 +136,7 @@ def part_selection(out: Path, device_model: str = "analytic") -> dict:
             job = job_for(["scheduler=pipar", f"cluster={net}", f"model={model}", f"dataset={ds}", "train.batch_size=100", "runtime.numerics=false", *DEVICE_MODELS[device_model]], out / "tmp")
             sched = job.scheduler
             auto = sched.plans[0]
-            best, trials = exhaustive(sched, 0, sched.p_range())
+            best, trials = exhaustive(sched.planner, 0, sched.p_range())
             by = {(t["P"], t["N"]): t for t in trials}
             t_auto = by[(auto.P, auto.N)]["epoch_s"]
             s_opt = sum(t["iter_s"] for t in trials)

@@ -437,14 +437,18 @@ def curve_time(times: list[float], batches: list[int], batch: int) -> float:
     return times[k - 1] + (times[k] - times[k - 1]) * (batch - b0) / (b1 - b0)
 
 
-def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, min_s: float = 0.02) -> dict:
+def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, min_s: float = 0.02, timer=time.perf_counter) -> dict:
     """Per-unit forward/backward seconds of `model` on this host at `profile_batches(batch_size)`
     and optimizer-step seconds, cached on disk.
 
     Each time is the median of at least `repeats` calls after one warm-up, more for short calls
     (until `min_s` of measuring), because microsecond calls are noisy. Along the batch sizes each
     unit's time is made non-decreasing (a running maximum): more samples never take less time,
-    and a noisy inversion would otherwise reward splitting a batch for nothing."""
+    and a noisy inversion would otherwise reward splitting a batch for nothing.
+
+    `timer`: what a call's seconds are read from; `time.thread_time` measures a one-thread torch
+    (whose kernels run on the calling thread) by the CPU time it got, so other load on the machine
+    inflates it far less than wall time (experiments/calibrate_pipar.py)."""
     batches = profile_batches(batch_size)
     key = json.dumps(
         {
@@ -487,13 +491,13 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, 
             except ValueError:
                 u.eval()
             while r <= repeats or (sum(tf) + sum(tb) < min_s and r <= 50 * repeats):
-                t0 = time.perf_counter()
+                t0 = timer()
                 y = u(xin)
-                t1 = time.perf_counter()
+                t1 = timer()
                 g = torch.ones_like(y)
-                t2 = time.perf_counter()
+                t2 = timer()
                 backward(y, g)
-                t3 = time.perf_counter()
+                t3 = timer()
                 if r:  # the first round warms up
                     tf.append(t1 - t0)
                     tb.append(t3 - t2)
@@ -514,10 +518,10 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, 
 
             opt = SGD(params, lr=1e-6, momentum=0.9)
             for r in range(repeats + 1):
-                t0 = time.perf_counter()
+                t0 = timer()
                 opt.step()
                 if r:
-                    ts.append(time.perf_counter() - t0)
+                    ts.append(timer() - t0)
         step.append(_median(ts) if ts else 0.0)
     torch.set_rng_state(rng_state)
     prof = {"batches": batches, "fwd": fwd, "bwd": bwd, "step": step}

@@ -25,10 +25,14 @@ import heapq
 
 
 class SharedProcessor:
-    """`cores` shared by every computation on one device (processor sharing)."""
+    """`cores` shared by every computation on one device (processor sharing). A fraction of a
+    core is allowed: one replica of K on C cores, alone, is a computation on C / K of a core
+    (PiPar's trial iterations, plugins/schedulers/pipar_search.py)."""
 
-    def __init__(self, cores: int):
-        self.cores = max(1, int(cores))
+    def __init__(self, cores: float):
+        if not cores > 0:
+            raise ValueError(f"a shared processor needs cores > 0, got {cores}")
+        self.cores = float(cores)
         self._v = 0.0  # attained service per running computation, in seconds alone
         self._t = 0.0  # virtual time `_v` was last brought up to
         self._running: list = []  # heap of (finish tag F, sequence, future)

@@ -81,6 +81,7 @@ class Collaborative(Scheduler):
             self.plans = [DevicePlan.from_dict(d["plan"]) for d in ctx.plan["devices"]]
             self.search_virtual_s = float(ctx.plan["search_s"])
             self.search_wall_s = 0.0
+            self.predicted_epoch = float(ctx.plan["predicted_epoch_s"])
         else:
             self.planner = Planner(cfg, ctx, self.kind, self.shards)
             t0 = time.perf_counter()
@@ -88,6 +89,7 @@ class Collaborative(Scheduler):
             self.search_wall_s = time.perf_counter() - t0
             self.search_virtual_s = self.planner.search_cost()
             self._plan = None
+            self.predicted_epoch = self.predict_epoch()
         self.server_roles = self._server_roles()
         # device -> its server role: every message of a split iteration asks (a scan of the
         # sequential server's K devices per message made K = 10,000 quadratic)
@@ -127,6 +129,13 @@ class Collaborative(Scheduler):
                 raise ConfigError(f"scheduler.failures[{i}]", f"{f} is not [device, epoch] or [device, epoch, after_iterations] with device in 0..{self.K - 1}")
             out[(int(f[0]), int(f[1]))] = int(f[2]) if len(f) == 3 else 0
         return out
+
+    def predict_epoch(self) -> float:
+        """The epoch the plans are expected to take: devices train side by side, then (in the
+        epochs that aggregate) exchange their models."""
+        epochs = max(1, self.epochs)
+        share = sum(self.aggregates(e) for e in range(epochs)) / epochs
+        return self.planner.predicted_epoch_s(self.plans, [self.num_iterations(k, p) for k, p in enumerate(self.plans)], share)
 
     def adjust_plans(self, plans: list[DevicePlan]) -> list[DevicePlan]:
         """A subclass's constraint across devices (SL, SFL-shared: one split point)."""
@@ -228,7 +237,9 @@ class Collaborative(Scheduler):
             "N": first.N if uniform else [p.N for p in self.plans],
             "micro_batch": first.micro_batch if uniform else [p.micro_batch for p in self.plans],
             "predicted_iter_s": first.predicted_iter_s if uniform else [p.predicted_iter_s for p in self.plans],
-            "predicted_epoch_s": max(p.predicted_epoch_s for p in self.plans),
+            "predicted_epoch_s": self.predicted_epoch,  # the slowest device's training and the model exchange
+            "paper_epoch_s": first.paper_epoch_s if uniform else [p.paper_epoch_s for p in self.plans],
+            "server_share": self.planner.server_share(),
             "search_s": self.search_virtual_s,
             "search_wall_s": self.search_wall_s,
             "num_units": self.Q,
@@ -256,7 +267,7 @@ class Collaborative(Scheduler):
         idle = self.idle(timeline, 0.0, total)
         epochs = max(1, int(self.ctx.cfg.train.epochs))
         pl = self.plan()
-        plan = {k: pl[k] for k in ("P", "N", "micro_batch", "predicted_iter_s", "predicted_epoch_s", "search_s", "select")}
+        plan = {k: pl[k] for k in ("P", "N", "micro_batch", "predicted_iter_s", "predicted_epoch_s", "paper_epoch_s", "server_share", "search_s", "select")}
         plan["per_device"] = [{k: v for k, v in d.items() if k != "plan"} for d in pl["devices"]]
         plan["reselections"] = sorted((r for st in role_stats.values() for r in st.get("reselections", [])), key=lambda r: (r["time_s"], r["device"]))
         rounds = role_stats.get("fed", {}).get("rounds", [])

@@ -1,6 +1,6 @@
-"""PiPar's automated (P, N) selection (Zhang et al., PiPar, Section III-C), per device.
+"""PiPar's (P, N) selection, per device: the paper's (Zhang et al., Section III-C) and ours.
 
-Three phases, as in the paper:
+`select=paper` is the paper's method, in three phases:
 
 1. **Profile** one iteration of the complete model at batch B on the device (units 1..Q') and
    on the server (units 1..Q): per-unit forward/backward times. On the virtual clock the
@@ -20,6 +20,17 @@ Three phases, as in the paper:
 
 `dag_makespan(..., estimator="code_legacy")` is the authors' code's DAG (d_n after b^s_{n-1},
 no f^c_N -> b^c_1 edge), kept for comparison.
+
+`select=auto` (the default, `select_search`) accounts for what the paper's estimate leaves out
+and the simulator models, so that its predicted epoch is the one the run then takes:
+- **the shared server**: the server trains one replica per device on its `cores`, so with K
+  replicas at work each server-side stage takes max(1, K / cores) times as long as alone
+  (`server_share`; exact for identical devices, which stay in step under processor sharing);
+- **each micro-batch's own cost**: stage times come from the device models at the micro-batch's
+  size, not as B'/B of the batch (a small batch uses a processor worse: `call_overhead_s`);
+- **every N**, not Eq. 14's one per P: each (P, N) is priced on the Table I DAG, which is cheap;
+- **the epoch's end**: the device part's upload, FedAvg and the global model's download
+  (`Planner.epoch_end_s`), which the paper counts as extra.
 """
 
 from __future__ import annotations
@@ -100,8 +111,28 @@ def dag_finish_times(t: StageTimes, n_mb: int, estimator: str = "table1") -> dic
 def dag_makespan(t: StageTimes, n_mb: int, estimator: str = "table1") -> float:
     """The estimated iteration time: T(b^c_N) (Eq. 11) plus the device's optimizer step, or the
     server's step after b^s_N if that ends later."""
+    if estimator == "table1":
+        return _table1_makespan(t, n_mb)
     fin = dag_finish_times(t, n_mb, estimator)
     return max(fin[("bc", n_mb - 1)] + t.step_c, fin[("bs", n_mb - 1)] + t.step_s)
+
+
+def _table1_makespan(t: StageTimes, n_mb: int) -> float:
+    """`dag_finish_times` for Table I in one pass over the micro-batches (the notes' O(N) forward
+    recursion), the same float operations in the same order: `select=auto` prices every N."""
+    fc = u = bs = d = 0.0
+    ds = []
+    for n in range(n_mb):
+        fc = fc + t.fc
+        u = max(u, fc) + t.u if n else fc + t.u
+        fs = max(u + t.lat_u, bs) + t.fs if n else u + t.lat_u + t.fs
+        bs = fs + t.bs
+        d = max(d, bs) + t.d if n else bs + t.d
+        ds.append(d + t.lat_d)
+    bc = fc
+    for n in range(n_mb):
+        bc = max(bc, ds[n]) + t.bc
+    return max(bc + t.step_c, bs + t.step_s)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,37 +206,48 @@ class PairModel:
     """Stage times of one device-server pair from the two profiles, the links and the wire.
 
     `packet_bytes(tag, P, b)` gives the bytes on the link of one micro-batch of b samples cut
-    after unit P (tag `act` up, `grad` down); `codec_s(kind, tag, P, b)` the codec seconds."""
+    after unit P (tag `act` up, `grad` down); `codec_s(kind, tag, P, b)` the codec seconds.
+    `price(side, kind, a, b, batch)`, if given, prices units [a, b) on "dev" or "srv" at the
+    micro-batch's own size (otherwise the profiles at B scale linearly, the paper's Eq. 5-8);
+    `server_share` stretches every server-side stage (K replicas on fewer cores)."""
 
-    def __init__(self, dev: SideProfile, srv: SideProfile, num_units: int, up_bps: float, down_bps: float, lat_up: float, lat_down: float, packet_bytes, codec_s=None):
+    def __init__(self, dev: SideProfile, srv: SideProfile, num_units: int, up_bps: float, down_bps: float, lat_up: float, lat_down: float, packet_bytes, codec_s=None,
+                 price=None, server_share: float = 1.0):
         self.dev, self.srv, self.Q = dev, srv, num_units
         self.up_bps, self.down_bps = up_bps, down_bps
         self.lat_up, self.lat_down = lat_up, lat_down
         self.packet_bytes = packet_bytes
         self.codec_s = codec_s or (lambda kind, tag, P, b: 0.0)
+        self.price = price
+        self.server_share = float(server_share)
+
+    def _span(self, side: str, kind: str, a: int, b: int, batch: int | None = None) -> float:
+        if self.price is not None:
+            return self.price(side, kind, a, b, batch)
+        return (self.dev if side == "dev" else self.srv).span(kind, a, b, batch)
 
     def _tx(self, nbytes: int, bps: float) -> float:
         return 0.0 if math.isinf(bps) else 8.0 * nbytes / bps
 
     def stage_times(self, P: int, b: int) -> StageTimes:
         """One micro-batch of b samples split after unit P (1 <= P < Q)."""
-        Q, cs = self.Q, self.codec_s
+        Q, cs, span, s = self.Q, self.codec_s, self._span, self.server_share
         return StageTimes(
-            fc=self.dev.span("fwd", 0, P, b) + cs("encode", "act", P, b),
-            bc=self.dev.span("bwd", 0, P, b) + cs("decode", "grad", P, b),
-            fs=cs("decode", "act", P, b) + self.srv.span("fwd", P, Q, b),
-            bs=self.srv.span("bwd", P, Q, b) + cs("encode", "grad", P, b),
+            fc=span("dev", "fwd", 0, P, b) + cs("encode", "act", P, b),
+            bc=span("dev", "bwd", 0, P, b) + cs("decode", "grad", P, b),
+            fs=s * (cs("decode", "act", P, b) + span("srv", "fwd", P, Q, b)),
+            bs=s * (span("srv", "bwd", P, Q, b) + cs("encode", "grad", P, b)),
             u=self._tx(self.packet_bytes("act", P, b), self.up_bps),
             d=self._tx(self.packet_bytes("grad", P, b), self.down_bps),
             lat_u=self.lat_up,
             lat_d=self.lat_down,
-            step_c=self.dev.span("step", 0, P),
-            step_s=self.srv.span("step", P, Q),
+            step_c=span("dev", "step", 0, P),
+            step_s=s * span("srv", "step", P, Q),
         )
 
     def local_iteration_s(self, b: int) -> float:
         """P = Q (FL): the whole model on the device, no transfers."""
-        return self.dev.span("fwd", 0, self.Q, b) + self.dev.span("bwd", 0, self.Q, b) + self.dev.span("step", 0, self.Q)
+        return self._span("dev", "fwd", 0, self.Q, b) + self._span("dev", "bwd", 0, self.Q, b) + self._span("dev", "step", 0, self.Q)
 
 
 def candidate(pair: PairModel, P: int, N: int, batch: int, n_samples: int, estimator: str = "table1") -> Candidate:
@@ -220,7 +262,7 @@ def candidate(pair: PairModel, P: int, N: int, batch: int, n_samples: int, estim
     return Candidate(P, N, b, iters, it_s, it_s * iters, t)
 
 
-def select_auto(pair: PairModel, batch: int, n_samples: int, p_range, *, fixed_n: int | None = None, clamp: bool = True, estimator: str = "table1") -> tuple[Candidate, list[Candidate]]:
+def select_closed_form(pair: PairModel, batch: int, n_samples: int, p_range, *, fixed_n: int | None = None, clamp: bool = True, estimator: str = "table1") -> tuple[Candidate, list[Candidate]]:
     """The paper's selection: one candidate (P, N(P)) per P, the shortest estimated epoch wins.
     `fixed_n` pins N (SFL: N = 1). Returns (choice, shortlist)."""
     shortlist = []
@@ -236,3 +278,30 @@ def select_auto(pair: PairModel, batch: int, n_samples: int, p_range, *, fixed_n
         raise ValueError("no split point to choose from")
     best = min(shortlist, key=lambda c: (c.epoch_s, c.P, c.N))
     return best, shortlist
+
+
+def efficient_n(batch: int, n_samples: int, n_max: int | None = None) -> list[int]:
+    """N in 1..n_max (default `batch`) that no smaller N dominates: a smaller N with the same
+    micro-batch B // N and the same iterations per epoch is never slower."""
+    top = max(1, min(int(n_max or batch), batch))
+    seen, out = set(), []
+    for n in range(1, top + 1):
+        b = max(1, batch // n)
+        key = (b, max(1, n_samples // (b * n)))
+        if key not in seen:
+            seen.add(key)
+            out.append(n)
+    return out
+
+
+def select_search(pair: PairModel, batch: int, n_samples: int, p_range, *, fixed_n: int | None = None, estimator: str = "table1") -> tuple[Candidate, list[Candidate]]:
+    """`select=auto`: every (P, N), N in 1..B less the dominated values (or `fixed_n`), priced on
+    the Table I DAG with the pair's stage times; the shortest epoch wins. Returns (choice, the
+    best candidate of each P)."""
+    best_of_p = []
+    for P in p_range:
+        ns = [fixed_n] if fixed_n is not None else ([1] if P >= pair.Q else efficient_n(batch, n_samples))
+        best_of_p.append(min((candidate(pair, P, N, batch, n_samples, estimator) for N in ns), key=lambda c: (c.epoch_s, c.N)))
+    if not best_of_p:
+        raise ValueError("no split point to choose from")
+    return min(best_of_p, key=lambda c: (c.epoch_s, c.P, c.N)), best_of_p

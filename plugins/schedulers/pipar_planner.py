@@ -4,10 +4,18 @@ The math (Table I's DAG, Eq. 14, the shortlist) is in `pipar_plan`; the exhausti
 in `pipar_search`; the trial-refined selection in `pipar_refine`. `Planner` prices a device-server
 pair from the predictor, the links and the real packet sizes, and picks a plan per device:
 
-- `select=auto`: the paper's method, profile one iteration, closed-form N(P), argmin of the
-  estimated epoch (cost: one profiling iteration, profile up, plan down);
+- `select=auto` (default): every (P, N) on the Table I DAG, priced as the simulator prices the
+  run: each micro-batch at its own size, the server's stages stretched by the replicas that share
+  its cores (`server_share`), the epoch's model exchange included (cost: the paper's one
+  profiling iteration, profile up, plan down);
+- `select=paper`: the paper's method as published, profile one iteration, closed-form N(P)
+  (Eq. 14), argmin of the estimated epoch of one device-server pair with the batch-B profile
+  scaled linearly; its own estimate is kept as `paper_epoch_s`;
 - `select=exhaustive`: one timing-only trial iteration per (P, N), the paper's "Opt";
-- `select=refine`: auto's shortlist, then trial iterations of the few best candidates around it.
+- `select=refine`: the paper's shortlist, then trial iterations of the few best candidates.
+
+Whatever chose (P, N), the plan's `predicted_epoch_s` is `select=auto`'s model of that plan: the
+epoch the run is expected to take (`plan/predicted_epoch_s` beside `time/epoch_virtual_s`).
 
 The coordinator plans once and ships the plans (`DevicePlan.as_dict`) to every role; only the
 server role plans again, when a device's bandwidth changes (re-selection).
@@ -20,20 +28,25 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from framework.cluster import Work
 from plugins.schedulers import pipar_plan as plan_mod
 
 SERVER = "server"
-SELECT = ("auto", "exhaustive", "refine")
+SELECT = ("auto", "paper", "exhaustive", "refine")
 
 
 @dataclass
 class DevicePlan:
+    """One device's (P, N) and what its training is predicted to take (iterations only; the
+    epoch's model exchange is the planner's `epoch_end_s`)."""
+
     P: int
     N: int
     micro_batch: int
     predicted_iter_s: float
     predicted_epoch_s: float
     shortlist: list = field(default_factory=list)
+    paper_epoch_s: float | None = None  # select=paper: the paper's own estimate of this plan's epoch
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -41,7 +54,8 @@ class DevicePlan:
     def without_shortlist(self) -> dict:
         """`as_dict` less the shortlist (what checkpoints and summaries keep; a deep copy of the
         shortlist cost each checkpoint 4 ms at K = 16)."""
-        return {"P": self.P, "N": self.N, "micro_batch": self.micro_batch, "predicted_iter_s": self.predicted_iter_s, "predicted_epoch_s": self.predicted_epoch_s, "shortlist": []}
+        return {"P": self.P, "N": self.N, "micro_batch": self.micro_batch, "predicted_iter_s": self.predicted_iter_s, "predicted_epoch_s": self.predicted_epoch_s, "shortlist": [],
+                "paper_epoch_s": self.paper_epoch_s}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DevicePlan":
@@ -69,6 +83,7 @@ class Planner:
         self._est_compressor = ctx.new_compressor()
         self._packet_cache: dict = {}
         self._srv_prof = None
+        self._lay = None  # the model's flat layout, for pricing FedAvg's messages
         self.trial_cost = 0.0  # virtual seconds of trial iterations run by exhaustive/refine
 
     def p_range(self) -> range:
@@ -100,11 +115,43 @@ class Planner:
         shape = (b, *self.ctx.model.infos[P - 1].out_shape)
         return self._est_compressor.codec_seconds(kind, tag, {"x": torch.empty(shape, dtype=self.dtype, device="meta")}, 0.0)
 
-    def pair_model(self, k: int, now: float = 0.0) -> plan_mod.PairModel:
+    def pair_model(self, k: int, now: float = 0.0, model: str = "paper") -> plan_mod.PairModel:
+        """Device k with the server: `model="paper"` the paper's estimate (batch-B profiles scaled
+        linearly, the pair alone), `"auto"` the run's own prices and the shared server."""
         cl, pred = self.ctx.cluster, self.ctx.predictor
         dev = plan_mod.profile_side(pred, cl.device(self.devices[k]), self.Q, self.B)
         up, down = cl.link(self.devices[k], SERVER), cl.link(SERVER, self.devices[k])
-        return plan_mod.PairModel(dev, self.server_profile(), self.Q, up.bandwidth_at(now), down.bandwidth_at(now), up.cfg.latency_s, down.cfg.latency_s, self.packet_bytes, self.codec_seconds)
+        extra = {}
+        if model == "auto":
+            sides = {"dev": cl.device(self.devices[k]), "srv": cl.device(SERVER)}
+
+            def price(side, kind, a, b, batch):
+                return pred.predict(sides[side], Work(kind, a, b, batch if kind != "step" else 0))
+
+            extra = {"price": price, "server_share": self.server_share()}
+        return plan_mod.PairModel(dev, self.server_profile(), self.Q, up.bandwidth_at(now), down.bandwidth_at(now), up.cfg.latency_s, down.cfg.latency_s, self.packet_bytes, self.codec_seconds,
+                                  **extra)
+
+    # ---- the shared server ----------------------------------------------------------------------
+
+    def server_cores(self) -> float:
+        """What the server runs at once: its shared `cores`, else its FIFO `slots`."""
+        cfg = self.ctx.cluster.device(SERVER).cfg
+        return float(cfg.cores or max(1, int(cfg.slots)))
+
+    def busy_replicas(self) -> int:
+        """Server-side replicas that train at the same time: one per split device when the
+        replicas run in parallel (Fig. 3c; identical devices stay in step); one otherwise."""
+        if self.kind == "fl":
+            return 0
+        if self.kind == "sl" or self.cfg.server_mode == "sequential" or getattr(self.cfg, "server_model", "per_device") == "shared":
+            return 1
+        return self.K
+
+    def server_share(self) -> float:
+        """How many times longer a server-side computation takes than alone: K replicas on C
+        cores each get C / K of a core once K > C (processor sharing)."""
+        return max(1.0, self.busy_replicas() / self.server_cores())
 
     def server_profile(self) -> plan_mod.SideProfile:
         if self._srv_prof is None:
@@ -130,29 +177,83 @@ class Planner:
 
     def choose_plan(self, k: int, now: float = 0.0, method: str | None = None) -> DevicePlan:
         P, N = self.fixed_plan()
-        pair = self.pair_model(k, now)
+        model = self.pair_model(k, now, "auto")
         n = len(self.shards[k])
         est = self.cfg.estimator
         method = method or self.cfg.select
+
+        def plan(P_, N_, shortlist, paper_epoch_s=None) -> DevicePlan:
+            c = plan_mod.candidate(model, P_, N_, self.B, n, est)  # what the run is expected to take
+            return DevicePlan(P_, N_, c.micro_batch, c.iter_s, c.epoch_s, shortlist, paper_epoch_s)
+
         if P is not None and N is not None:
-            c = plan_mod.candidate(pair, P, N, self.B, n, est)
-            return DevicePlan(P, N, c.micro_batch, c.iter_s, c.epoch_s, [c.as_dict()])
+            return plan(P, N, [plan_mod.candidate(model, P, N, self.B, n, est).as_dict()])
         p_range = [P] if P is not None else list(self.p_range())
         if method == "exhaustive":
             from plugins.schedulers.pipar_search import exhaustive
 
             best, trials = exhaustive(self, k, p_range, [N] if N is not None else None)
             self.trial_cost += sum(t["iter_s"] for t in trials)
-            return DevicePlan(best["P"], best["N"], best["micro_batch"], best["iter_s"], best["epoch_s"], trials)
+            return plan(best["P"], best["N"], trials)
         if method == "refine":
             from plugins.schedulers.pipar_refine import refine, trial_cost
             from plugins.schedulers.pipar_search import trial_iteration
 
-            best, trials = refine(pair, self.B, n, p_range, lambda P_, N_: trial_iteration(self, k, P_, N_), fixed_n=N, clamp=self.cfg.n_clamp, estimator=est)
+            best, trials = refine(self.pair_model(k, now), self.B, n, p_range, lambda P_, N_: trial_iteration(self, k, P_, N_), fixed_n=N, clamp=self.cfg.n_clamp, estimator=est)
             self.trial_cost += trial_cost(trials)
-            return DevicePlan(best["P"], best["N"], best["micro_batch"], best["iter_s"], best["epoch_s"], trials)
-        best, shortlist = plan_mod.select_auto(pair, self.B, n, p_range, fixed_n=N, clamp=self.cfg.n_clamp, estimator=est)
+            return plan(best["P"], best["N"], trials)
+        if method == "paper":
+            best, shortlist = plan_mod.select_closed_form(self.pair_model(k, now), self.B, n, p_range, fixed_n=N, clamp=self.cfg.n_clamp, estimator=est)
+            return plan(best.P, best.N, [c.as_dict() for c in shortlist], best.epoch_s)
+        best, shortlist = plan_mod.select_search(model, self.B, n, p_range, fixed_n=N, estimator=est)
         return DevicePlan(best.P, best.N, best.micro_batch, best.iter_s, best.epoch_s, [c.as_dict() for c in shortlist])
+
+    # ---- the epoch ---------------------------------------------------------------------------
+
+    def model_bytes(self, tag: str, a: int, b: int, with_count: bool) -> int:
+        """Bytes on the link of units [a, b) as one flat model message (FedAvg's exchange)."""
+        key = ("model", tag, a, b, with_count)
+        if key not in self._packet_cache:
+            lay = self._layout()
+            tensors = {"p": torch.empty(lay.p_off[b] - lay.p_off[a], dtype=self.dtype, device="meta"), "b": torch.empty(lay.b_off[b] - lay.b_off[a], dtype=self.dtype, device="meta")}
+            if with_count:
+                tensors["n"] = torch.empty(1, dtype=torch.float64, device="meta")
+            self._packet_cache[key] = self._est_compressor.encode(tensors, src="est", dst="est", tag=tag)[1]
+        return self._packet_cache[key]
+
+    def _layout(self):
+        if self._lay is None:
+            from plugins.schedulers.model_vectors import UnitLayout
+
+            self._lay = UnitLayout(self.ctx.model)
+        return self._lay
+
+    def epoch_end_s(self, plans: list[DevicePlan], train_s: list[float]) -> float:
+        """From the end of the epoch's training (`train_s[k]` for device k) to every role's
+        having the global model: each device uploads its part (DP noise first, if any), FedAvg
+        on the server once all are in (alone: the replicas wait), the round flag and the global
+        part down each device's link. Server parts stay on the server (no link)."""
+        cl = self.ctx.cluster
+        srv = cl.device(SERVER)
+        arrive = []
+        for k, p in enumerate(plans):
+            dev = self.devices[k]
+            t = train_s[k]
+            if self.cfg.dp_sigma > 0:
+                t += self.ctx.predictor.predict(cl.device(dev), Work("step", 0, p.P))
+            up = cl.link(dev, SERVER)
+            arrive.append(t + up.tx_time(self.model_bytes("model", 0, p.P, True), 0.0) + up.cfg.latency_s)
+        agg = len(plans) * srv.time(Work("step", 0, self.Q))
+        flag = self._est_compressor.encode({"x": torch.empty(1, dtype=torch.int64, device="meta")}, src="est", dst="est", tag="round")[1]
+        down = max(cl.link(SERVER, self.devices[k]).tx_time(flag, 0.0) + cl.link(SERVER, self.devices[k]).tx_time(self.model_bytes("global", 0, p.P, False), 0.0)
+                   + cl.link(SERVER, self.devices[k]).cfg.latency_s for k, p in enumerate(plans))
+        return max(arrive) + agg + down - max(train_s)
+
+    def predicted_epoch_s(self, plans: list[DevicePlan], iterations: list[int], aggregating_share: float) -> float:
+        """The epoch the run is expected to take: the slowest device's training, plus the model
+        exchange in the share of epochs that aggregate (every epoch unless `aggregate_every`)."""
+        train = [p.predicted_iter_s * n for p, n in zip(plans, iterations)]
+        return max(train) + aggregating_share * self.epoch_end_s(plans, train)
 
     def search_cost(self) -> float:
         """Virtual seconds the selection costs before training: auto profiles one iteration on

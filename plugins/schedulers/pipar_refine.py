@@ -1,6 +1,6 @@
 """PiPar's (P, N) selection refined by a few timing-only trial iterations (`select=refine`).
 
-Why. The closed form (`pipar_plan.select_auto`: Eq. 14 + the Table I estimate) has two
+Why. The closed form (`pipar_plan.select_closed_form`: Eq. 14 + the Table I estimate) has two
 separate weaknesses, and the PiPar study (experiments/pipar_study.py, part 2, and
 experiments/pipar_refine_check.py) shows both:
 
@@ -84,20 +84,7 @@ import bisect
 import math
 
 from plugins.schedulers import pipar_plan as plan_mod
-
-
-def efficient_n(batch: int, n_samples: int, n_max: int | None = None) -> list[int]:
-    """N in 1..n_max (default `batch`) that no smaller N dominates: a smaller N with the same
-    micro-batch B // N and the same iterations per epoch is never slower."""
-    top = max(1, min(int(n_max or batch), batch))
-    seen, out = set(), []
-    for n in range(1, top + 1):
-        b = max(1, batch // n)
-        key = (b, max(1, n_samples // (b * n)))
-        if key not in seen:
-            seen.add(key)
-            out.append(n)
-    return out
+from plugins.schedulers.pipar_plan import efficient_n  # noqa: F401  (the domain of N, shared with select=auto)
 
 
 class _Correction:
@@ -156,7 +143,7 @@ def refine(
     before the refinement (the others one probe each); `rel_tol`: the predicted gain below which the refinement stops; `max_trials`:
     a hard cap on the trials (default 2 x top_p x design); `n_max`: the largest N searched
     (default B); `optimistic`: the correction between trialled sizes (step 4; False =
-    linear in log b); `clamp` and `estimator` as in `select_auto` (clamp only shapes the
+    linear in log b); `clamp` and `estimator` as in `select_closed_form` (clamp only shapes the
     closed form's N(P), reported with P as `closed_form_P`/`closed_form_N` in the best).
 
     Returns (best, trials) in the format of `pipar_search.exhaustive`: dicts with P, N,
@@ -182,7 +169,7 @@ def refine(
     for P in p_list:
         for N in [local_n] if P >= pair.Q else dom:
             est[(P, N)] = plan_mod.candidate(pair, P, N, batch, n_samples, estimator).iter_s
-    closed, _ = plan_mod.select_auto(pair, batch, n_samples, p_list, fixed_n=fixed_n, clamp=clamp, estimator=estimator)
+    closed, _ = plan_mod.select_closed_form(pair, batch, n_samples, p_list, fixed_n=fixed_n, clamp=clamp, estimator=estimator)
     best_est: dict[int, float] = {}
     for (P, N), it_s in est.items():
         best_est[P] = min(best_est.get(P, math.inf), it_s * iterations(N))

@@ -3,14 +3,18 @@
 For every candidate the search trains one iteration and keeps the fastest epoch. Here each
 trial is one *timing-only* PiPar iteration of one device-server pair on a fresh virtual clock,
 through the same role code, links and wire format as the run itself, so its time is what the run
-would take. Its cost (`search_s`) is the sum of the trial iterations, what running them one
-after another on the testbed would cost.
+would take. The pair's server replica runs on the share of the server that one of the run's K
+replicas gets (C / K of a core once K > C: identical devices stay in step, so this is exact for
+them), as on the testbed, where all K devices train the trial iteration at once. Its cost
+(`search_s`) is the sum of the trial iterations, what running them one after another on the
+testbed would cost.
 """
 
 from __future__ import annotations
 
 import torch
 
+from framework.runtime.shared_processor import SharedProcessor
 from framework.runtime.sim import SimRuntime
 from framework.scheduler import ProgramRole
 from framework.stage import Stage
@@ -46,6 +50,9 @@ def trial_iteration(planner, k: int, P: int, N: int) -> float:
         for ln in links:
             ln.channel.free_at = 0.0
         runtime = SimRuntime(ctx.cfg.runtime, cl, ctx.new_compressor())
+        share = planner.server_share()
+        if share > 1.0:  # the pair's replica gets what one of K gets of the server's cores
+            runtime.device_queues[SERVER] = SharedProcessor(1.0 / share)
         return runtime.run_roles({"dev": ProgramRole(dev, device), "srv": ProgramRole(SERVER, server)})
     finally:
         for ln, (free_at, state) in zip(links, saved):

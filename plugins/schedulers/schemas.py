@@ -39,7 +39,7 @@ class CollabConfig(SchedulerConfig):
     name: str = "pipar"
     P: Optional[int] = None  # split point: units 1..P on the device; null = chosen by `select`
     N: Optional[int] = None  # micro-batches per iteration; null = chosen by `select`
-    select: str = "auto"  # auto (profile + Table I estimate) | exhaustive (one trial iteration per (P, N)) | refine (auto's shortlist, then trials)
+    select: str = "auto"  # auto (every (P, N) on Table I as the run prices it: shared server, real micro-batch costs) | paper (Sec. III-C as published) | exhaustive (one trial iteration per (P, N)) | refine (paper's shortlist, then trials)
     max_device_units: Optional[int] = None  # Q': most units a device may hold; null = Q - 1
     n_clamp: bool = True  # N <= min(B/2, 100), snapped to B // (B // N) (the authors' code)
     estimator: str = "table1"  # table1 (the paper, corrected) | code_legacy (the authors' code's DAG)

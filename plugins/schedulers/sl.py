@@ -122,3 +122,16 @@ class SL(Collaborative):
 
     def aggregates(self, epoch: int) -> bool:
         return False
+
+    def predict_epoch(self) -> float:
+        """Devices train one after another: every device's iterations, each hand-off of the
+        device part up, and each `turn` down to the next device (dev0's first turn comes only
+        from the second epoch on)."""
+        pl, cl = self.planner, self.ctx.cluster
+        P = self.plans[0].P
+        train = sum(p.predicted_iter_s * self.num_iterations(k, p) for k, p in enumerate(self.plans))
+        part = pl.model_bytes("handoff", 0, P, False)
+        up = sum(cl.link(d, SERVER).tx_time(part, 0.0) + cl.link(d, SERVER).cfg.latency_s for d in self.devices)
+        down = [cl.link(SERVER, d).tx_time(pl.model_bytes("turn", 0, P, False), 0.0) + cl.link(SERVER, d).cfg.latency_s for d in self.devices]
+        epochs = max(1, self.epochs)
+        return train + up + (sum(down[1:]) * epochs + down[0] * (epochs - 1)) / epochs
