@@ -154,7 +154,6 @@ def rounded(c: dict) -> dict:
 
 
 def analytic_device(consts: dict, slowdown: float = 1.0):
-    from framework.cluster import Device
     from framework.config import DeviceConfig
 
     cfg = DeviceConfig(time_model="analytic", flops_per_s=consts["flops_per_s"], backward_ratio=consts["backward_ratio"], call_overhead_s=consts["call_overhead_s"],
