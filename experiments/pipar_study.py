@@ -12,7 +12,9 @@ each constant sourced in docs/calibration.md. Every part runs on the virtual clo
 1. speed: FL, SFL and PiPar (select=auto and the paper's select=paper) on VGG-5, CIFAR- and
    MNIST-shaped data, 4G / 4G+ / WiFi, at K = 100 and at the reduced K = 4; the heterogeneous
    testbed (half the devices at 600 MHz) at K = 100. Epoch time, server and device idle (Figs 4,
-   6, 12; Table VII's T).
+   6, 12; Table VII's T). `models`: ResNet-18 and MobileNetV3-Small the same way (Fig. 4);
+   `batch`: batch sizes 20-200 (Fig. 10); `reselection`: the bandwidth cycling every 1, 10 and
+   60 minutes, each change paying a full re-selection (Fig. 14).
 2. selection: select=auto and select=paper against the exhaustive search (one timing-only trial
    iteration per (P, N), on one replica's share of the server) at K = 100: score, exact matches,
    search cost (Table VII).
@@ -50,16 +52,16 @@ SCHEDS = ["fl", "sfl", "pipar"]
 PER_DEVICE = {"synthetic_cifar10": 500, "synthetic_mnist": 600}  # the paper's splits over 100 devices
 
 
-def overrides(sched: str, net: str, ds: str, k: int, extra=()) -> list[str]:
-    return [f"scheduler={sched}", f"cluster={net}", f"cluster.num_devices={k}", "model=vgg5", f"dataset={ds}", f"dataset.n_train={PER_DEVICE[ds] * k}", "train.batch_size=100",
+def overrides(sched: str, net: str, ds: str, k: int, extra=(), model: str = "vgg5", batch: int = 100) -> list[str]:
+    return [f"scheduler={sched}", f"cluster={net}", f"cluster.num_devices={k}", f"model={model}", f"dataset={ds}", f"dataset.n_train={PER_DEVICE[ds] * k}", f"train.batch_size={batch}",
             "train.epochs=1", "runtime.numerics=false", "runtime.progress=false", "tracking=none", *extra]
 
 
 PREDICTIONS: list[dict] = []  # every timing run's predicted and simulated epoch
 
 
-def timing_run(sched: str, net: str, ds: str, k: int, out: Path, extra=(), edit=None) -> dict:
-    ov = overrides(sched, net, ds, k, extra)
+def timing_run(sched: str, net: str, ds: str, k: int, out: Path, extra=(), edit=None, model: str = "vgg5", batch: int = 100) -> dict:
+    ov = overrides(sched, net, ds, k, extra, model, batch)
     job = build_job(ov, out / "runs", edit)
     summary = job.run()
     idle = summary["idle"]
@@ -67,7 +69,7 @@ def timing_run(sched: str, net: str, ds: str, k: int, out: Path, extra=(), edit=
     pred = summary["prediction"]
     r = {"epoch_s": summary["history"]["time/epoch_virtual_s"][0], "server_idle_s": idle["server_s"], "device_idle_s": idle["device_mean_s"], "P": plan["P"], "N": plan["N"],
          "predicted_epoch_s": pred["predicted_epoch_s"], "epoch_over_predicted": pred["epoch_over_predicted"], "paper_epoch_s": plan.get("paper_epoch_s"), "search_s": plan["search_s"]}
-    label = " ".join(o for o in ov if not o.startswith(("runtime.", "tracking", "train.batch", "train.epochs", "model="))) + (" (heterogeneous)" if edit is not None else "")
+    label = " ".join(o for o in ov if not o.startswith(("runtime.", "tracking", "train.epochs")) and o not in ("model=vgg5", "train.batch_size=100")) + (" (heterogeneous)" if edit is not None else "")
     PREDICTIONS.append({"run": label, **{k_: r[k_] for k_ in ("epoch_s", "predicted_epoch_s", "epoch_over_predicted")}})
     return r
 
@@ -107,6 +109,59 @@ def half_speed(cfg) -> None:
     """The heterogeneous testbed (as conf/cluster/pipar_4g_hetero.yaml) on any network: the odd
     devices at 600 MHz instead of 1.2 GHz, twice as slow."""
     cfg.cluster.devices["dev*[13579]"] = {"slowdown": 2 * float(cfg.cluster.device.slowdown)}
+
+
+def part_models(out: Path, k: int) -> dict:
+    """ResNet-18 and MobileNetV3-Small: FL, SFL and PiPar (Fig. 4b,c,e,f)."""
+    res = {}
+    for model in ("mobilenetv3_small", "resnet18"):
+        for ds in ("synthetic_cifar10", "synthetic_mnist"):
+            for net in NETS:
+                for s in SCHEDS:
+                    res[(model, ds, net, s)] = r = timing_run(s, net, ds, k, out, model=model)
+                    print(f"  {model} K={k} {DATA_LABEL[ds]:8s} {NET_LABEL[net]:4s} {s:5s} epoch {r['epoch_s']:7.2f} s (predicted {r['predicted_epoch_s']:7.2f})  {_pn(r)}", flush=True)
+    return res
+
+
+def part_batch(out: Path, k: int, sizes: list[int]) -> dict:
+    """Fig. 10: VGG-5, CIFAR-10, FL and SFL at batch B, PiPar at B' = B // N."""
+    res = {}
+    for net in NETS:
+        for b in sizes:
+            for s in SCHEDS:
+                res[(net, b, s)] = timing_run(s, net, "synthetic_cifar10", k, out, batch=b)["epoch_s"]
+            print(f"  B={b:3d} {NET_LABEL[net]:4s} FL {res[(net, b, 'fl')]:7.2f}  SFL {res[(net, b, 'sfl')]:7.2f}  PiPar {res[(net, b, 'pipar')]:7.2f} s", flush=True)
+    return res
+
+
+def part_reselection(out: Path, intervals: list[int], k: int = 1) -> dict:
+    """Fig. 14: the bandwidth cycles 4G -> 4G+ -> WiFi every `interval` seconds for three changes;
+    every change re-selects (P, N) at the next epoch boundary by the paper's method, paying its
+    profiling iteration (the paper's full re-selection). Overhead = the device's profiling time /
+    the run's time. One device: the overhead is each device's own (and K devices' hours of
+    virtual time would take hours to simulate)."""
+    res = {}
+    nets = [(10e6, 25e6), (20e6, 40e6), (50e6, 50e6)]
+    for interval in intervals:
+        def cycle(cfg, interval=interval):
+            up = [[i * interval, nets[i % 3][0]] for i in range(4)]
+            down = [[i * interval, nets[i % 3][1]] for i in range(4)]
+            cfg.cluster.links["dev*->server"] = {"bandwidth_bps": nets[0][0], "trace": up}
+            cfg.cluster.links["server->dev*"] = {"bandwidth_bps": nets[0][1], "trace": down}
+
+        job = build_job(overrides("pipar", "pipar_4g", "synthetic_cifar10", k, [f"train.epochs={10 ** 6}", "scheduler.select=paper"]), out / "runs", cycle)
+        epoch = job.scheduler.planned_epoch_s()
+        from omegaconf import open_dict
+
+        with open_dict(job.cfg):  # as many epochs as fill 3.5 intervals (the run ends after the third change)
+            job.cfg.train.epochs = max(2, int(3.5 * interval / epoch))
+        job.scheduler.epochs = int(job.cfg.train.epochs)
+        job.run()
+        tl = job.runtime.timeline
+        prof = sum(iv.end - iv.start for iv in tl.intervals if iv.kind == "profile" and iv.resource == "dev0")
+        res[interval] = 100 * prof / job.virtual_time
+        print(f"  interval {interval:5d} s: {job.cfg.train.epochs} epochs, {job.virtual_time:.0f} s, re-selection {prof:.1f} s = {res[interval]:.3f} %", flush=True)
+    return res
 
 
 # ---- 2. selection ----------------------------------------------------------------------------
@@ -221,6 +276,13 @@ def claims_of(results: dict, k_paper: int) -> list:
             claims += pc.selection_claims(results["selection"][m], m)
     if "dp" in results:
         claims += pc.dp_claims(results["dp"], k_paper)
+    if "models" in results:
+        claims += pc.model_claims(results["models"], k_paper)
+    if "batch" in results:
+        claims += pc.batch_claims(results["batch"])
+    if "reselection" in results:
+        claims += pc.reselection_claims(results["reselection"])
+    claims += pc.not_run()
     if results.get("accuracy"):
         claims += pc.accuracy_claims(results["accuracy"], "Fashion-MNIST")
     return claims
@@ -239,19 +301,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="outputs/pipar_study")
     ap.add_argument("--quick", action="store_true", help="K = 4 and 25 instead of 100, fewer sweep points")
-    ap.add_argument("--only", choices=["speed", "selection", "sensitivity", "dp", "accuracy", "scale"], action="append")
+    ap.add_argument("--only", choices=["speed", "models", "batch", "reselection", "selection", "sensitivity", "dp", "accuracy", "scale"], action="append")
     ap.add_argument("--epochs", type=int, default=10, help="accuracy epochs (default 10, the notes' AC6)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     k_paper = 25 if args.quick else PAPER_K
-    parts = args.only or ["speed", "selection", "sensitivity", "dp", "scale"]
+    parts = args.only or ["speed", "models", "batch", "reselection", "selection", "sensitivity", "dp", "scale"]
     results: dict = {"k_paper": k_paper}
     t0 = time.perf_counter()
     if "speed" in parts:
         print(f"1. speed and idle at K = {k_paper} and 4; heterogeneous at K = {k_paper}", flush=True)
         results["speed"] = part_speed(out, [k_paper, 4])
         results["hetero"] = part_hetero(out, k_paper)
+    if "models" in parts:
+        print(f"1b. ResNet-18 and MobileNetV3-Small at K = {k_paper}", flush=True)
+        results["models"] = part_models(out, k_paper)
+    if "batch" in parts:
+        print(f"1c. batch size at K = {k_paper}", flush=True)
+        results["batch"] = part_batch(out, k_paper, [25, 50, 100] if args.quick else [20, 50, 100, 200])
+    if "reselection" in parts:
+        print("1d. re-selection under changing bandwidth (one device)", flush=True)
+        results["reselection"] = part_reselection(out, [60, 600] if args.quick else [60, 600, 3600])
     if "selection" in parts:
         print(f"2. selection at K = {k_paper}", flush=True)
         results["selection"] = part_selection(out, k_paper)

@@ -4,11 +4,12 @@ A study collects `Claim`s (a number the paper reports, or a range it reports) an
 statement such as "PiPar is the fastest of FL, SFL and PiPar at 4G", which holds or not), then
 prints them and writes them into its report:
 
-    from experiments.verdicts import Claim, Ordering, print_verdicts, verdict_table
+    from experiments.verdicts import Claim, NotRun, Ordering, print_verdicts, verdict_table
     claims = [
         Claim("VGG-5, CIFAR-10, WiFi: T_FL / T_PiPar", paper=(1.4, 3.4), ours=fl / pipar, source="Sec. V-B"),
         Claim("search cost S / T", paper=0.27, ours=s / t, source="Sec. V-D"),
         Ordering("PiPar fastest at 4G", paper="PiPar < SFL, FL", ours=f"{pp:.1f} < {sfl:.1f}, {fl:.1f}", holds=pp < min(sfl, fl)),
+        NotRun("VGG-16 on CIFAR-100: T_SFL / T_PiPar", paper="1.12-2.2", why="no VGG-16 model here"),
     ]
     print_verdicts("PiPar", claims)            # stdout, one line per claim
     lines += verdict_table(claims)             # Markdown for report.md
@@ -92,6 +93,19 @@ class Ordering:
         return bool(self.holds)
 
 
+@dataclass
+class NotRun:
+    """A claim of the paper this study does not check, and why (a model we do not have, a
+    setting out of reach): listed, never counted as a hit or a miss."""
+
+    what: str
+    paper: str
+    why: str
+    source: str = ""
+    kind: str = field(default="not_run", init=False)
+    hit: bool = field(default=False, init=False)
+
+
 def _num(x: float) -> str:
     if isinstance(x, int):
         return str(x)
@@ -110,33 +124,41 @@ def verdict_table(claims: list, with_command: bool = False) -> list[str]:
     rule = "|---|---|---|---|---|---|---|---|" + ("---|" if with_command else "")
     lines = [head, rule]
     for c in claims:
-        if c.kind == "ordering":
+        if c.kind == "not_run":
+            row = f"| {c.what} | {c.paper} | not run | | | not run | {c.source} | {c.why} |"
+        elif c.kind == "ordering":
             row = f"| {c.what} | {c.paper} | {c.ours} | | holds | {verdict_word(c)} | {c.source} | {c.note} |"
         else:
             r = c.ratio
             row = f"| {c.what} | {c.paper_text} | {_num(c.ours)} | {'' if r is None else f'{r:.2f}'} | {c.band_text} | {verdict_word(c)} | {c.source} | {c.note} |"
         lines.append(row + (f" `{c.command}` |" if with_command else ""))
-    hits = sum(c.hit for c in claims)
-    lines += ["", f"{hits} of {len(claims)} claims hit, {len(claims) - hits} miss."]
+    checked = [c for c in claims if c.kind != "not_run"]
+    hits = sum(c.hit for c in checked)
+    lines += ["", f"{hits} of {len(checked)} claims hit, {len(checked) - hits} miss" + (f"; {len(claims) - len(checked)} not run." if len(checked) < len(claims) else ".")]
     return lines
 
 
 def print_verdicts(title: str, claims: list) -> None:
     print(f"verdicts: {title}")
     for c in claims:
-        if c.kind == "ordering":
+        if c.kind == "not_run":
+            print(f"  --    {c.what}: paper {c.paper}; not run: {c.why}")
+        elif c.kind == "ordering":
             print(f"  {'hit ' if c.hit else 'MISS'}  {c.what}: paper {c.paper}; ours {c.ours}")
         else:
             r = c.ratio
             print(f"  {'hit ' if c.hit else 'MISS'}  {c.what}: paper {c.paper_text}, ours {_num(c.ours)}" + ("" if r is None else f" ({r:.2f}x)") + f", {c.band_text}")
-    hits = sum(c.hit for c in claims)
-    print(f"  {hits}/{len(claims)} hit", flush=True)
+    checked = [c for c in claims if c.kind != "not_run"]
+    print(f"  {sum(c.hit for c in checked)}/{len(checked)} hit" + (f", {len(claims) - len(checked)} not run" if len(checked) < len(claims) else ""), flush=True)
 
 
 def as_json(claims: list) -> list[dict]:
     """The verdicts for results.json."""
     out = []
     for c in claims:
+        if c.kind == "not_run":
+            out.append({"what": c.what, "kind": c.kind, "paper": c.paper, "why": c.why, "source": c.source})
+            continue
         d = {"what": c.what, "kind": c.kind, "paper": list(c.paper) if isinstance(c.paper, tuple) else c.paper, "ours": c.ours, "hit": c.hit, "source": c.source, "note": c.note}
         if c.kind == "claim":
             d["ratio"] = c.ratio

@@ -74,8 +74,8 @@ def _pipar(extra):
 
 
 def test_replicas_on_a_shared_server_take_longer_than_alone_and_runs_repeat(tmp_path):
-    alone = Job(_pipar(["cluster.num_devices=1", "dataset.n_train=200", "+cluster.devices.server.cores=8"]), tmp_path / "a").run()
-    many = [Job(_pipar(["cluster.num_devices=40", "dataset.n_train=8000", "+cluster.devices.server.cores=8"]), tmp_path / f"m{i}").run() for i in range(2)]
+    alone = Job(_pipar(["cluster.num_devices=1", "dataset.n_train=200", "cluster.devices.server.cores=8"]), tmp_path / "a").run()
+    many = [Job(_pipar(["cluster.num_devices=40", "dataset.n_train=8000", "cluster.devices.server.cores=8"]), tmp_path / f"m{i}").run() for i in range(2)]
     # identical devices stay in step, so 40 replicas always share 8 cores: every server-side
     # computation takes 40 / 8 = 5 times as long as alone
     srv = [r for r in many[0]["roles"] if r.startswith("srv")]
@@ -88,4 +88,13 @@ def test_replicas_on_a_shared_server_take_longer_than_alone_and_runs_repeat(tmp_
 
 def test_cores_and_slots_are_two_disciplines(tmp_path):
     with pytest.raises(ConfigError, match="cores"):
-        Job(_pipar(["+cluster.devices.server.cores=8", "cluster.devices.server.slots=2"]), tmp_path)
+        Job(_pipar(["cluster.devices.server.cores=8", "+cluster.devices.server.slots=2"]), tmp_path)
+
+
+def test_an_idle_processor_is_as_good_as_new():
+    """Its service clock starts again when nothing runs, so what follows an idle moment ends at
+    the same floats as on a fresh processor (a resumed run continues bit for bit)."""
+    later = [(str(i), 1234600.1 + 0.013 * i, 0.1 + 0.37 * i) for i in range(5)]
+    after_work = ends(3, [("x", 0.0, 1234567.891), ("y", 0.2, 17.7)] + later)
+    fresh = ends(3, later)
+    assert {n: after_work[n] for n, _, _ in later} == fresh

@@ -2,7 +2,7 @@
 
 import math
 
-from experiments.verdicts import Claim, Ordering, as_json, verdict_table
+from experiments.verdicts import Claim, NotRun, Ordering, as_json, verdict_table
 
 
 def test_a_point_claim_hits_within_the_band_on_both_sides():
@@ -36,3 +36,11 @@ def test_the_table_counts_hits_and_misses():
     assert sum("**miss**" in line for line in lines) == 1
     js = as_json(claims)
     assert [c["hit"] for c in js] == [True, False, True] and js[1]["ratio"] == 2.0
+
+
+def test_a_claim_not_run_is_listed_but_neither_hit_nor_miss():
+    claims = [Claim("a", paper=1.0, ours=1.1), NotRun("b", paper="1.12-2.2", why="no such model")]
+    lines = verdict_table(claims)
+    assert lines[-1] == "1 of 1 claims hit, 0 miss; 1 not run."
+    assert any("not run" in line and "no such model" in line for line in lines)
+    assert as_json(claims)[1]["kind"] == "not_run"

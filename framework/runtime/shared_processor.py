@@ -59,6 +59,11 @@ class SharedProcessor:
         if seconds <= 0:
             return loop.time()
         self._advance(loop.time())
+        if not self._running:
+            # an idle processor starts its service clock again: its state is then the same
+            # whatever ran before (a run resumed from a checkpoint, taken when every device is
+            # idle, continues bit for bit as the run that went on)
+            self._v = 0.0
         fut = loop.create_future()
         self._seq += 1
         heapq.heappush(self._running, (self._v + seconds, self._seq, fut))
