@@ -23,6 +23,11 @@ Two steps, each from a measurement, none from a result the PiPar study reproduce
    of VGG-5 on CIFAR-10 over WiFi (4.2 s, the network's smallest share) over the fitted model's
    iteration; S of VGG-5 on MNIST and of MobileNetV3-Small on both sets are held out.
 
+3. **A Raspberry Pi 4B (`pi4_wifi`, the default cluster), from the feature-replay paper.** Its
+   profile table (conf/profile_tables/feature_replay_resnet50_cifar10.yaml) has the Pi 4B's
+   measured iteration of ResNet-50's first l units at batch 32, l = 1..19: the slowdown is the
+   median over the 19 cuts of table / the fitted core's model.
+
 Nothing here reads the study's epoch times, speed-ups or idle times.
 """
 
@@ -221,6 +226,27 @@ def main() -> None:
         ours = iteration_s(pi, model, ds)
         tag = "fitted on" if (model, ds) == S_FIT else "held out"
         print(f"  {tag:9s} S {model} {ds}: paper {s} s, model {ours:.2f} s ({ours / s:.2f}x)")
+    pi4b(core)
+
+
+def pi4b(core) -> None:
+    """The Pi 4B's slowdown against the fitted core, from the feature-replay paper's table."""
+    import yaml
+
+    from framework.cluster import Device, Work
+    from framework.profile_tables import TABLE_DIR
+
+    table = yaml.safe_load((TABLE_DIR / "feature_replay_resnet50_cifar10.yaml").read_text())
+    batch = int(table["batch"])
+    measured = table["iteration_s"]["prefix"]["pi4b"]
+    from experiments.study_runs import build_job
+
+    m = build_job(["scheduler=local", "model=resnet50", "dataset=synthetic_cifar10", f"train.batch_size={batch}", "runtime.numerics=false", "tracking=none", "runtime.progress=false",
+                   "cluster=uniform", "cluster.num_devices=1"], Path("/tmp/calibrate_pipar")).model
+    dev = Device("d", core, m.infos)
+    ratios = sorted(t / (sum(dev.time(Work(k, 0, cut, batch)) for k in ("fwd", "bwd")) + dev.time(Work("step", 0, cut))) for cut, t in enumerate(measured, start=1))
+    median = ratios[len(ratios) // 2]
+    print(f"\nthe Pi 4B: table / model over ResNet-50's 19 cuts at batch {batch}: {ratios[0]:.2f} .. {ratios[-1]:.2f}, median {median:.2f} -> slowdown {float(f'{median:.3g}')}")
 
 
 if __name__ == "__main__":

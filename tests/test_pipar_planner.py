@@ -16,10 +16,12 @@ def run(tmp_path, scheduler, cluster, k, extra=()):
     return Job(cfg, tmp_path / f"{scheduler}_{cluster}_{k}").run()
 
 
-@pytest.mark.parametrize("scheduler,cluster,k", [("pipar", "pipar_4g", 4), ("pipar", "pipar_wifi", 24), ("pipar", "pipar_4g_hetero", 24), ("fl", "pipar_4gplus", 24),
-                                                 ("sfl", "pipar_4g", 24), ("pipar", "pipar_4g", 24)])
-def test_the_predicted_epoch_is_the_simulated_one(tmp_path, scheduler, cluster, k):
-    s = run(tmp_path, scheduler, cluster, k)
+@pytest.mark.parametrize("scheduler,cluster,k,extra", [
+    ("pipar", "pipar_4g", 4, []), ("pipar", "pipar_wifi", 24, []), ("pipar", "pipar_4g_hetero", 24, []), ("fl", "pipar_4gplus", 24, []), ("sfl", "pipar_4g", 24, []),
+    ("pipar", "pipar_4g", 24, []), ("pipar", "pipar_4g", 4, ["scheduler.server_mode=sequential"]), ("sfl", "pipar_4g", 4, ["scheduler.server_model=shared", "scheduler.P=1"]),
+    ("sl", "pipar_4g", 4, []), ("pipar", "pipar_wifi", 4, ["scheduler.select=paper", "scheduler.aggregate_every=2"])])
+def test_the_predicted_epoch_is_the_simulated_one(tmp_path, scheduler, cluster, k, extra):
+    s = run(tmp_path, scheduler, cluster, k, extra)
     assert s["prediction"]["epoch_over_predicted"] == pytest.approx(1.0, abs=0.10)
 
 

@@ -83,7 +83,7 @@ class Collaborative(Scheduler):
             self.search_wall_s = 0.0
             self.predicted_epoch = float(ctx.plan["predicted_epoch_s"])
         else:
-            self.planner = Planner(cfg, ctx, self.kind, self.shards)
+            self.planner = Planner(cfg, ctx, self.kind, self.shards, self.serial_server())
             t0 = time.perf_counter()
             self.plans = self.adjust_plans(self.planner.choose_plans())
             self.search_wall_s = time.perf_counter() - t0
@@ -129,6 +129,11 @@ class Collaborative(Scheduler):
                 raise ConfigError(f"scheduler.failures[{i}]", f"{f} is not [device, epoch] or [device, epoch, after_iterations] with device in 0..{self.K - 1}")
             out[(int(f[0]), int(f[1]))] = int(f[2]) if len(f) == 3 else 0
         return out
+
+    def serial_server(self) -> bool:
+        """Whether one server role serves the devices in turn (Fig. 3b) instead of one replica
+        role per device computing side by side (Fig. 3c)."""
+        return self.cfg.server_mode == "sequential"
 
     def predict_epoch(self) -> float:
         """The epoch the plans are expected to take: devices train side by side, then (in the
@@ -314,6 +319,9 @@ class SFL(Collaborative):
         if self.cfg.server_model == "shared":
             return {"server": list(range(self.K))}
         return super()._server_roles()
+
+    def serial_server(self) -> bool:
+        return self.cfg.server_model == "shared" or super().serial_server()
 
     def build_role(self, role: str):
         if role == "server" and self.cfg.server_model == "shared":

@@ -209,10 +209,12 @@ class PairModel:
     after unit P (tag `act` up, `grad` down); `codec_s(kind, tag, P, b)` the codec seconds.
     `price(side, kind, a, b, batch)`, if given, prices units [a, b) on "dev" or "srv" at the
     micro-batch's own size (otherwise the profiles at B scale linearly, the paper's Eq. 5-8);
-    `server_share` stretches every server-side stage (K replicas on fewer cores)."""
+    `server_share` stretches every server-side stage (K replicas on fewer cores);
+    `serial_peers`: devices a server role serving them in turn serves before this one each
+    iteration (Fig. 3b), whose server work delays this device's."""
 
     def __init__(self, dev: SideProfile, srv: SideProfile, num_units: int, up_bps: float, down_bps: float, lat_up: float, lat_down: float, packet_bytes, codec_s=None,
-                 price=None, server_share: float = 1.0):
+                 price=None, server_share: float = 1.0, serial_peers: int = 0):
         self.dev, self.srv, self.Q = dev, srv, num_units
         self.up_bps, self.down_bps = up_bps, down_bps
         self.lat_up, self.lat_down = lat_up, lat_down
@@ -220,6 +222,7 @@ class PairModel:
         self.codec_s = codec_s or (lambda kind, tag, P, b: 0.0)
         self.price = price
         self.server_share = float(server_share)
+        self.serial_peers = int(serial_peers)
 
     def _span(self, side: str, kind: str, a: int, b: int, batch: int | None = None) -> float:
         if self.price is not None:
@@ -258,7 +261,9 @@ def candidate(pair: PairModel, P: int, N: int, batch: int, n_samples: int, estim
         it_s = pair.local_iteration_s(b)
     else:
         t = pair.stage_times(P, b)
-        it_s = dag_makespan(t, N, estimator)
+        # a server serving the devices in turn works through the others' iterations first: the
+        # last device's chain starts that much later, whichever side bounds the pipeline
+        it_s = dag_makespan(t, N, estimator) + pair.serial_peers * (N * (t.fs + t.bs) + t.step_s)
     return Candidate(P, N, b, iters, it_s, it_s * iters, t)
 
 

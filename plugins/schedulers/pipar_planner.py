@@ -71,8 +71,11 @@ def split_points(cfg, num_units: int) -> range:
 class Planner:
     """Plans for the K devices of one collaborative run (`kind` in pipar, fl, sfl, sl)."""
 
-    def __init__(self, cfg, ctx, kind: str, shards):
+    def __init__(self, cfg, ctx, kind: str, shards, serial_server: bool = False):
+        """`serial_server`: the server trains one replica at a time (one server role serves the
+        devices in turn: `server_mode=sequential`, SFL's shared model, SL), so none share its cores."""
         self.cfg, self.ctx, self.kind = cfg, ctx, kind
+        self.serial_server = serial_server
         self.K = int(ctx.cluster.cfg.num_devices)
         self.devices = [f"dev{k}" for k in range(self.K)]
         self.Q = len(ctx.model)
@@ -128,7 +131,7 @@ class Planner:
             def price(side, kind, a, b, batch):
                 return pred.predict(sides[side], Work(kind, a, b, batch if kind != "step" else 0))
 
-            extra = {"price": price, "server_share": self.server_share()}
+            extra = {"price": price, "server_share": self.server_share(), "serial_peers": self.K - 1 if self.serial_server and self.kind != "sl" else 0}
         return plan_mod.PairModel(dev, self.server_profile(), self.Q, up.bandwidth_at(now), down.bandwidth_at(now), up.cfg.latency_s, down.cfg.latency_s, self.packet_bytes, self.codec_seconds,
                                   **extra)
 
@@ -144,9 +147,7 @@ class Planner:
         replicas run in parallel (Fig. 3c; identical devices stay in step); one otherwise."""
         if self.kind == "fl":
             return 0
-        if self.kind == "sl" or self.cfg.server_mode == "sequential" or getattr(self.cfg, "server_model", "per_device") == "shared":
-            return 1
-        return self.K
+        return 1 if self.serial_server else self.K
 
     def server_share(self) -> float:
         """How many times longer a server-side computation takes than alone: K replicas on C

@@ -107,6 +107,9 @@ class SL(Collaborative):
     def _server_roles(self):
         return {"server": list(range(self.K))}
 
+    def serial_server(self) -> bool:
+        return True  # one server model, the devices in turn
+
     def role_devices(self) -> dict[str, str]:
         return {**{f"dev{k}": self.devices[k] for k in range(self.K)}, "server": SERVER}
 

@@ -283,7 +283,7 @@ class ServerRole(Role):
         """Re-plan device k at the current bandwidths (select=auto, as the paper re-selects)."""
         s = self.sched
         if self._planner is None:
-            self._planner = Planner(s.cfg, s.ctx, s.kind, s.shards)
+            self._planner = Planner(s.cfg, s.ctx, s.kind, s.shards, s.serial_server())
         old = self.plans[k]
         try:
             if s.cfg.reselect_mode == "full_profile":
