@@ -29,10 +29,17 @@ the gradient of batch t' applied after forwarding batch t) is enforced by a poli
 `K: null` is no bound (the full pipeline of Eq. 11). Every epoch ends with a flush: the edge
 applies every outstanding gradient before evaluation (the official code's EndTrain).
 
-Pricing: the edge's send forward, replay forward (unless `price_replay: false`), backward and
-step, the uplink codec, the cloud's forward, backward and step, by the devices' time models.
-With the shipped profile tables (`time_model: table`), `price_replay: false` takes the measured
-iteration as all of P1, as the official cost model does (notes section 4.3).
+Pricing: the edge's send forward, replay forward, backward and step, the uplink codec, the
+cloud's forward, backward and step, by the devices' time models. The replay's forward is charged
+because the device runs it and the paper's T1 lists it (section 4.4); `price_replay: false` is
+an ablation, the official code's cost model, which takes a profile table's measured iteration
+as all of P1 (notes section 4.3).
+
+The plan (and the decision engine's cost M) comes from `cost_model`: `policy` (default) walks
+the staleness policy's pipeline (plugins.schedulers.feature_replay_pipeline), so the predicted
+epoch is what the simulator measures under every policy; `paper` is Eq. 12 as Alg. 2 prints it,
+kept so that its predictions and choices can be compared (plan.json records both models'
+predictions and cuts).
 """
 
 from __future__ import annotations
