@@ -7,6 +7,7 @@ VGG-5 with BN on real Fashion-MNIST. Everything is on the virtual clock, so dete
 
 from __future__ import annotations
 
+import gc
 import statistics
 from pathlib import Path
 
@@ -35,7 +36,16 @@ PLANNER_CASES = [("Pi 4B, 8-bit, 5/10 MB/s", PI, None), ("TX2, fp32, 5/10 MB/s, 
 def run(overrides: list[str], out: Path, rates: tuple[float, float] | None = None) -> dict:
     """One run as `python -m framework <overrides>` would make it, with the edge's links at
     `rates` (MiB/s up, down) when given (the downlink's key, `links.cloud->dev0`, cannot be
-    written on a command line); its summary with the plan."""
+    written on a command line); its summary with the plan. A finished Job is left in reference
+    cycles that hold its model (ResNet-50: ~100 MB), which Python's collector reaches only now
+    and then, so hundreds of runs in one process collect after each."""
+    try:
+        return _run(overrides, out, rates)
+    finally:
+        gc.collect()
+
+
+def _run(overrides: list[str], out: Path, rates: tuple[float, float] | None) -> dict:
     if rates is None:
         return run_job(FAST + overrides, out)
     from hydra import compose, initialize_config_dir
