@@ -35,24 +35,27 @@ def edge_staleness(job) -> list[int]:
 
 
 def test_pi_resnet50_pipeline_runs_the_cost_models_times(tmp_path):
-    """AC-2: serial (K = 0) against K = 5 on the Pi 4B profile, 8-bit uplink, 5/10 MB/s, 100
-    iterations: the ratio the paper's numbers give (2.59 +- 15%), each run within 15% of its
-    Eq. 10 / Eq. 12 prediction, and no bound at all gains less than 4x (four modules)."""
-    times, predicted = {}, {}
+    """AC-2: serial (K = 0), K = 5 and no bound on the Pi 4B profile, 8-bit uplink, 5/10 MB/s,
+    100 iterations, the replay's forward charged: each run is its plan's prediction, serial is
+    Eq. 10, no bound gains less than 4x (four modules), and K = 5 runs at the edge's P1 (its
+    measured iteration, the replay's forward, the 8 MiB feature's compression). Without the
+    replay (the official cost model's accounting) K = 5 is the notes' 81.3 s."""
+    times, plans = {}, {}
     for K in ("0", "5", "null"):
         job, total = run(tmp_path, PI + [f"scheduler.K={K}"], f"K{K}")
-        times[K] = total
-        predicted[K] = job.scheduler.plan()["predicted_epoch_s"]["grouped_eq12"]
+        times[K], plans[K] = total, job.scheduler.plan()
         stale = edge_staleness(job)
         assert len(stale) == 100
         if K != "null":
             assert max(stale) <= int(K)
-    assert times["0"] / times["5"] == pytest.approx(2.59, rel=0.15)
-    for K in times:
-        assert times[K] == pytest.approx(predicted[K], rel=0.15)
+        assert total == pytest.approx(job.scheduler.planned_epoch_s(), rel=0.01)
+    assert times["0"] == pytest.approx(plans["0"]["predicted_epoch_s"]["serial_eq10"], rel=1e-3)
     assert times["0"] / times["null"] <= 4.0
-    # the bottleneck is the downlink (8 MiB of fp32 gradient at 10 MB/s): 0.8 s per iteration
-    assert times["5"] / 100 == pytest.approx(0.8, rel=0.03)
+    t1 = 0.5449 * 4 / 3 + 0.02636 * 8 + 0.00114  # forward 1/3, replay 1/3, backward 2/3 of the measured iteration; encoding 8 MiB (Fig. 11)
+    assert plans["5"]["module_times_s"]["T1"] == pytest.approx(t1, rel=1e-3)
+    assert times["5"] / 100 == pytest.approx(t1, rel=0.03)
+    _, official = run(tmp_path, PI + ["scheduler.price_replay=false"], "official")
+    assert official == pytest.approx(81.3, abs=0.5)
 
 
 def test_edge_only_and_jointdnn_baselines(tmp_path):
@@ -84,6 +87,44 @@ def test_staleness_policies_bound_what_the_edge_applies(tmp_path, policy):
     else:
         assert len(stale) == 40 and fr["discarded_gradients"] == 0
         assert fr["peak_history"] <= 3 + 1 + (1 if policy == "group" else 0)
+
+
+@pytest.mark.parametrize("policy", ["block", "fixed", "group", "discard"])
+def test_the_plan_predicts_the_simulated_epoch_under_every_policy(tmp_path, policy):
+    """Issue 43: every run records the plan's predicted epoch beside the simulated one; under
+    every staleness policy, K and pricing of the replay they agree within 10% (the default cost
+    model walks the policy's pipeline). The Pi table with a 20 ms link latency: P1 is the
+    bottleneck, `discard` drops gradients at K = 1, the group barrier costs a refill."""
+    base = PI + ["scheduler.cut=1", "scheduler.adaptive=false", f"scheduler.staleness_policy={policy}", "cluster.link.latency_s=0.02",
+                 "train.iterations_per_epoch=40", "train.epochs=2"]
+    for K in (1, 5):
+        for price in ("true", "false"):
+            job, _ = run(tmp_path, base + [f"scheduler.K={K}", f"scheduler.price_replay={price}"], f"K{K}{price}")
+            pred = summary(job)["prediction"]
+            assert pred["epoch_over_predicted"] == pytest.approx(1.0, abs=0.10), (K, price, pred)
+            eq12 = job.scheduler.plan()["predicted_epoch_s"]["grouped_eq12"]
+            if policy == "group" and K == 1:  # what the paper's Eq. 12 would have predicted: a refill short
+                assert pred["epoch_s"] / eq12 > 1.2
+            if policy == "discard" and K == 1:  # dropped gradients are not replayed: shorter than Eq. 12
+                assert summary(job)["feature_replay"]["discarded_gradients"] > 0 and pred["epoch_s"] / eq12 < 0.9
+
+
+def test_the_papers_cost_model_stays_selectable(tmp_path):
+    """`scheduler.cost_model=paper`: the plan predicts Eq. 12 and the engine minimises Eq. 12 + U
+    (Alg. 2 as printed); the policy-aware model's choice is recorded beside it."""
+    from plugins.schedulers import feature_replay_cost as cost
+
+    job, _ = run(tmp_path, PI + ["scheduler.cost_model=paper", "scheduler.staleness_policy=group", "scheduler.K=1", "train.iterations_per_epoch=40"])
+    plan = job.scheduler.plan()
+    T = plan["module_times_s"]
+    eq12 = cost.grouped_cost([T["T1"], T["T2"], T["T3"], T["T4"]], 1, 40)
+    assert plan["cost_model"] == "paper" and job.scheduler.cost_model() is cost.paper_cost
+    assert job.scheduler.planned_epoch_s() == pytest.approx(eq12) == plan["predicted_epoch_s"]["grouped_eq12"]
+    assert plan["cut_chosen_by"] == "engine" and plan["cut_by_cost_model"] == {"policy": 1, "paper": 1}
+    chosen = next(c for c in plan["candidates"] if c["cut"] == 1)
+    assert chosen["cost_s"] == pytest.approx(eq12 + cost.migration_cost(plan["profile"]["block_bytes"], 19, 1, *plan["link_bytes_per_s"].values()))
+    assert summary(job)["prediction"]["epoch_over_predicted"] > 1.2  # the group barrier Eq. 12 does not see
+    assert plan["predicted_epoch_s"]["policy"] == pytest.approx(summary(job)["prediction"]["epoch_s"], rel=0.01)
 
 
 def test_k0_replay_is_exact_backprop(tmp_path):
@@ -136,6 +177,7 @@ def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
 
 @pytest.mark.parametrize("over, key", [
     (["scheduler.staleness_policy=lazy"], "scheduler.staleness_policy"),
+    (["scheduler.cost_model=eq12"], "scheduler.cost_model"),
     (["scheduler.cut=25"], "scheduler.cut"),
     (["scheduler.K=-1"], "scheduler.K"),
     (["scheduler.cloud_device=gpu"], "scheduler.cloud_device"),

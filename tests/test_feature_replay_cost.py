@@ -3,6 +3,7 @@ its profile tables give (notes section 6.2, AC-1)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -111,3 +112,92 @@ def test_the_table_time_model_prices_unit_ranges_from_the_shipped_rows():
         Device("edge", DeviceConfig(time_model="table", table="feature_replay_resnet50_cifar10", table_device="jetson"))
     with pytest.raises(ConfigError, match="no profile table 'nope'; choices: .*feature_replay_resnet50_cifar10"):
         Device("edge", DeviceConfig(time_model="table", table="nope", table_device="pi4b"))
+
+
+# ---- the policy-aware cost model (feature_replay_pipeline) ---------------------------------------
+
+def _stages(rng, latency=True):
+    from plugins.schedulers.feature_replay_pipeline import Stages
+
+    u = lambda: rng.uniform(0.01, 2.0)  # noqa: E731
+    return Stages(forward_s=u(), encode_s=rng.choice([0.0, u()]), replay_s=u(), up_s=u(), cloud_s=u(), cloud_step_s=rng.choice([0.0, u()]), down_s=u(),
+                  up_latency_s=u() if latency else 0.0, down_latency_s=u() if latency else 0.0)
+
+
+def test_the_walk_is_serial_at_k0_and_bounded_by_the_slowest_module_without_a_bound():
+    from plugins.schedulers.feature_replay_pipeline import epoch_seconds
+
+    rng = random.Random(1)
+    for _ in range(300):
+        st = dataclasses.replace(_stages(rng, latency=False), cloud_step_s=0.0)  # (the cloud's step overlaps the way back)
+        T = st.paper_modules
+        tau = rng.randint(1, 200)
+        for policy in ("block", "fixed", "group"):
+            assert epoch_seconds(st, 0, policy, tau, exact=True) == pytest.approx(serial_cost(T, tau), rel=1e-9)
+        full = epoch_seconds(st, None, "block", tau, exact=True)
+        assert full >= tau * max(T) - 1e-9  # no module works faster than its time
+        assert full <= serial_cost(T, tau) + 1e-9
+
+
+def test_the_group_barrier_refills_the_pipeline_every_group():
+    """Groups of K + 1 on a link-bound pipeline: each group takes one batch's way through every
+    module plus K more downlink transfers (the bottleneck), which Eq. 12 does not charge."""
+    from plugins.schedulers.feature_replay_pipeline import Stages, epoch_seconds
+
+    st = Stages(forward_s=0.1, encode_s=0.0, replay_s=0.2, up_s=0.3, cloud_s=0.1, cloud_step_s=0.0, down_s=1.0)
+    K, groups = 1, 20
+    one_group = 0.1 + 0.3 + 0.1 + (K + 1) * 1.0 + 0.2
+    tau = groups * (K + 1)
+    assert epoch_seconds(st, K, "group", tau, exact=True) == pytest.approx(groups * one_group)
+    # the sliding window keeps the downlink busy: Eq. 12's price, 25% less
+    assert epoch_seconds(st, K, "block", tau, exact=True) == pytest.approx(grouped_cost(st.paper_modules, K, tau))
+    assert grouped_cost(st.paper_modules, K, tau) < 0.8 * groups * one_group
+
+
+def test_discarded_gradients_cost_no_replay():
+    """At K = 0 under `discard`, every gradient comes back after the next forward and is dropped:
+    the edge only forwards, so the epoch is the links' and the cloud's, not P1's."""
+    from plugins.schedulers.feature_replay_pipeline import Stages, epoch_seconds
+
+    st = Stages(forward_s=0.1, encode_s=0.0, replay_s=5.0, up_s=0.5, cloud_s=0.1, cloud_step_s=0.0, down_s=0.2)
+    assert epoch_seconds(st, 0, "discard", 100, exact=True) < 0.6 * 100
+    assert epoch_seconds(st, 0, "block", 100, exact=True) == pytest.approx(100 * (0.1 + 5.0 + 0.5 + 0.1 + 0.2))
+
+
+def test_long_epochs_extrapolate_the_periodic_regime():
+    from plugins.schedulers.feature_replay_pipeline import epoch_seconds
+
+    rng = random.Random(2)
+    for _ in range(150):
+        st = _stages(rng)
+        K = rng.choice([0, 1, 2, 5, 8, None])
+        policy = rng.choice(["block", "fixed", "group", "discard"])
+        tau = rng.randint(257, 2000)
+        assert epoch_seconds(st, K, policy, tau) == pytest.approx(epoch_seconds(st, K, policy, tau, exact=True), rel=0.01), (st, K, policy, tau)
+    with pytest.raises(ValueError, match="choices: block, fixed, group, discard"):
+        epoch_seconds(st, 1, "lazy", 10)
+
+
+def test_the_engine_takes_the_cost_model_it_is_given():
+    """The policy-aware engine makes the paper's choices on its tables (edge-only for the TX2 on a
+    slow link, the first cut on a fast one; the Pi offloads) with the replay's forward charged;
+    Eq. 12 stays the default of `decide` (Alg. 2 as printed)."""
+    from plugins.schedulers.feature_replay_pipeline import policy_cost
+
+    table = profile_tables.load("feature_replay_resnet50_cifar10")
+    blocks = [mb * MB for mb in RESNET50_BLOCK_MB]
+    for policy in ("block", "group", "discard"):
+        tx2 = table_profile(table, "tx2", "rtx2080ti", blocks, forward_fraction=1 / 3, price_replay=True)
+        for up, expect in ((2.5, 19), (12.5, 1)):
+            assert decide(tx2, Deployment(19, 32), 5, up * MB, 2 * up * MB, 100, bits_candidates=(8, 32), model=policy_cost(policy)).deployment.cut == expect
+        pi = table_profile(table, "pi4b", "rtx2080ti", blocks, forward_fraction=1 / 3, price_replay=True)
+        assert decide(pi, Deployment(19, 32), 5, 0.5 * MB, MB, 100, model=policy_cost(policy)).deployment.cut == 1
+    # the group barrier's cost is what the policy-aware engine sees and Eq. 12 does not
+    prof = table_profile(table, "pi4b", "rtx2080ti", forward_fraction=1 / 3, price_replay=True)
+    dep = Deployment(1, 8)
+    walked = policy_cost("group")(prof, dep, 1, 5 * MB, 10 * MB, 100)
+    assert walked > 1.2 * grouped_cost(prof.module_times(1, 8, 5 * MB, 10 * MB), 1, 100)
+    assert decide(prof, dep, 1, 5 * MB, 10 * MB, 100, bits_candidates=(8,), include_edge_only=False).cost == pytest.approx(
+        grouped_cost(prof.module_times(1, 8, 5 * MB, 10 * MB), 1, 100))
+    with pytest.raises(ValueError, match="send share"):
+        policy_cost("block")(table_profile(table, "pi4b", "rtx2080ti"), dep, 5, MB, MB, 10)

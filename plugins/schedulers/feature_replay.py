@@ -29,10 +29,17 @@ the gradient of batch t' applied after forwarding batch t) is enforced by a poli
 `K: null` is no bound (the full pipeline of Eq. 11). Every epoch ends with a flush: the edge
 applies every outstanding gradient before evaluation (the official code's EndTrain).
 
-Pricing: the edge's send forward, replay forward (unless `price_replay: false`), backward and
-step, the uplink codec, the cloud's forward, backward and step, by the devices' time models.
-With the shipped profile tables (`time_model: table`), `price_replay: false` takes the measured
-iteration as all of P1, as the official cost model does (notes section 4.3).
+Pricing: the edge's send forward, replay forward, backward and step, the uplink codec, the
+cloud's forward, backward and step, by the devices' time models. The replay's forward is charged
+because the device runs it and the paper's T1 lists it (section 4.4); `price_replay: false` is
+an ablation, the official code's cost model, which takes a profile table's measured iteration
+as all of P1 (notes section 4.3).
+
+The plan (and the decision engine's cost M) comes from `cost_model`: `policy` (default) walks
+the staleness policy's pipeline (plugins.schedulers.feature_replay_pipeline), so the predicted
+epoch is what the simulator measures under every policy; `paper` is Eq. 12 as Alg. 2 prints it,
+kept so that its predictions and choices can be compared (plan.json records both models'
+predictions and cuts).
 """
 
 from __future__ import annotations
@@ -46,9 +53,11 @@ from framework.cluster import Work
 from framework.errors import ConfigError
 from framework.scheduler import Role, Scheduler
 from plugins.schedulers import feature_replay_cost as cost
+from plugins.schedulers import feature_replay_pipeline as pipeline
 from plugins.schedulers.schemas import EdgeOnlyConfig, FeatureReplayConfig, JointDNNConfig  # noqa: F401  (registry.declare)
 
-POLICIES = ("block", "fixed", "group", "discard")
+POLICIES = pipeline.POLICIES
+COST_MODELS = ("policy", "paper")
 
 
 class FeatureReplay(Scheduler):
@@ -74,6 +83,8 @@ class FeatureReplay(Scheduler):
         cfg, ctx = self.cfg, self.ctx
         if cfg.staleness_policy not in POLICIES:
             raise ConfigError("scheduler.staleness_policy", f"{cfg.staleness_policy!r} is not a policy; choices: {', '.join(POLICIES)}")
+        if cfg.cost_model not in COST_MODELS:
+            raise ConfigError("scheduler.cost_model", f"{cfg.cost_model!r} is not a cost model; choices: policy (the staleness policy's pipeline), paper (Eq. 12, Alg. 2 as printed)")
         if cfg.K is not None and int(cfg.K) < 0:
             raise ConfigError("scheduler.K", f"the staleness bound must be >= 0 (or null: unbounded), got {cfg.K}")
         for i, entry in enumerate(cfg.K_schedule or []):
@@ -121,13 +132,15 @@ class FeatureReplay(Scheduler):
 
     def module_times(self, cut: int) -> dict:
         """T1..T4 of one steady-state iteration at `cut`, priced as the simulator prices them: the
-        devices' time models, the compressor's codec seconds and the packets' real sizes."""
+        devices' time models, the compressor's codec seconds and the packets' real sizes; with
+        the parts the policy-aware model needs (what the edge spends when it sends, what per
+        applied gradient; the cloud's step after the gradient has left)."""
         ctx, B = self.ctx, int(self.ctx.cfg.train.batch_size)
         up_dev, down_dev = (self.cloud_device, self.edge_device) if self.reversed else (self.edge_device, self.cloud_device)
         edge, cloud = ctx.cluster.device(up_dev), ctx.cluster.device(down_dev)  # the replaying party, the other
         if cut == self.L:
             t1 = sum(edge.time(Work(k, 0, self.L, B)) for k in ("fwd", "bwd")) + edge.time(Work("step", 0, self.L))
-            return {"T1": t1, "T2": 0.0, "T3": 0.0, "T4": 0.0, "encode_s": 0.0}
+            return {"T1": t1, "T2": 0.0, "T3": 0.0, "T4": 0.0, "encode_s": 0.0, "send_s": t1, "cloud_step_s": 0.0}
         fwd, bwd = edge.time(Work("fwd", 0, cut, B)), edge.time(Work("bwd", 0, cut, B))
         comp = ctx.new_compressor()
         feature = {"x": torch.empty((B, *ctx.model.infos[cut - 1].out_shape), device="meta")}
@@ -140,23 +153,39 @@ class FeatureReplay(Scheduler):
         up = ctx.cluster.link(up_dev, down_dev)  # the feature's way
         down = ctx.cluster.link(down_dev, up_dev)
         t1 = fwd + (fwd if self.cfg.price_replay else 0.0) + bwd + edge.time(Work("step", 0, cut)) + enc
-        t3 = dec + sum(cloud.time(Work(k, cut, self.L, B)) for k in ("fwd", "bwd")) + cloud.time(Work("step", cut, self.L))
+        cloud_step = cloud.time(Work("step", cut, self.L))
+        t3 = dec + sum(cloud.time(Work(k, cut, self.L, B)) for k in ("fwd", "bwd")) + cloud_step
         return {"T1": t1, "T2": up.tx_time(up_bytes, 0.0) + up.cfg.latency_s, "T3": t3, "T4": down.tx_time(down_bytes, 0.0) + down.cfg.latency_s,
-                "uplink_bytes": up_bytes, "downlink_bytes": down_bytes, "encode_s": enc}
+                "uplink_bytes": up_bytes, "downlink_bytes": down_bytes, "encode_s": enc, "send_s": fwd + enc, "cloud_step_s": cloud_step}
+
+    def _links(self):
+        """(the feature's link, the gradient's link)."""
+        a, b = (self.cloud_device, self.edge_device) if self.reversed else (self.edge_device, self.cloud_device)
+        return self.ctx.cluster.link(a, b), self.ctx.cluster.link(b, a)
 
     def _profile_rows(self) -> dict:
         """Every cut's module times and packet sizes (JSON, shipped in the plan: the edge's
         online engine and its bandwidth estimates read them)."""
         itemsize = 8 if self.ctx.cfg.runtime.dtype == "float64" else 4
         rows = [self.module_times(c) for c in range(1, self.L + 1)]
+        up, down = self._links()
         return {
             "edge_s": [r["T1"] for r in rows],  # compression included (at the run's bit width)
+            "edge_send_s": [r["send_s"] for r in rows],  # of which the forward and compression of the sent batch
             "cloud_s": [r["T3"] for r in rows],
+            "cloud_step_s": [r["cloud_step_s"] for r in rows],
             "uplink_bytes": [r.get("uplink_bytes", 0) for r in rows],
             "downlink_bytes": [r.get("downlink_bytes", 0) for r in rows],  # the fp32 feature's gradient packet
             "encode_s": [r["encode_s"] for r in rows],
             "block_bytes": [i.params * itemsize for i in self.ctx.model.infos],
+            "latency_s": [up.cfg.latency_s, down.cfg.latency_s],
+            "overhead_s": [up.cfg.wakeup_s, down.cfg.wakeup_s],
         }
+
+    def cost_model(self, name: str | None = None):
+        """The engine's M: `paper` (Eq. 12) or `policy` (the staleness policy's pipeline)."""
+        name = name or str(self.cfg.cost_model)
+        return cost.paper_cost if name == "paper" else pipeline.policy_cost(str(self.cfg.staleness_policy))
 
     def _make_plan(self) -> dict:
         tau = self.ctx.iterations_per_epoch()
@@ -164,13 +193,19 @@ class FeatureReplay(Scheduler):
         bits = self._uplink_bits()
         prof = self._profile_rows()
         up, down = self._rates()
+        engine = engine_profile(prof)
+        policy = str(self.cfg.staleness_policy)
         chosen = "fixed"
-        decision = None
+        decisions = {}
         if self.default_cut() is None:
             # the uplink's bit width is the compressor's; the engine picks the cut (Alg. 2 with
-            # one width); K = 0 makes it JointDNN's argmin of the serial cost (Eq. 10)
+            # one width) by the configured cost model, and the other model's choice is recorded
+            # beside it; K = 0 makes it JointDNN's argmin of the serial cost (Eq. 10)
             start = cost.Deployment(self.L, 32) if self.cfg.include_edge_only else cost.Deployment(1, 32)
-            decision = cost.decide(engine_profile(prof), start, K, up, down, tau, bits_candidates=(32,), include_edge_only=bool(self.cfg.include_edge_only))
+            for name in COST_MODELS:
+                decisions[name] = cost.decide(engine, start, K, up, down, tau, bits_candidates=(32,), include_edge_only=bool(self.cfg.include_edge_only),
+                                              model=self.cost_model(name))
+            decision = decisions[str(self.cfg.cost_model)]
             cut, chosen = decision.deployment.cut, "engine"
         else:
             cut = int(self.default_cut())
@@ -178,13 +213,17 @@ class FeatureReplay(Scheduler):
         mods = [T["T1"], T["T2"], T["T3"], T["T4"]]
         edge_only = prof["edge_s"][-1] * tau
         if cut == self.L:
-            serial = grouped = edge_only
+            serial = grouped = walked = edge_only
         else:
             serial, grouped = cost.serial_cost(mods, tau), cost.grouped_cost(mods, K, tau)
+            walked = pipeline.epoch_seconds(engine.stages(cut, 32, up, down), K, policy, tau, exact=True)
+        planned = walked if self.cfg.cost_model == "policy" else grouped
         return {
             "scheduler": self.cfg.name,
             "cut": cut,
             "cut_chosen_by": chosen,
+            "cost_model": str(self.cfg.cost_model),
+            "cut_by_cost_model": {name: d.deployment.cut for name, d in decisions.items()},
             "adaptive": self.adaptive,
             "upstream": self.upstream_role,
             **{role: {"role": role, "device": dev, "units": units, "unit_names": self.ctx.model.unit_names[units[0]:units[1]]}
@@ -192,13 +231,16 @@ class FeatureReplay(Scheduler):
                                         ("cloud", self.cloud_device, [0, cut] if self.reversed else [cut, self.L]))},
             "uplink_bits": bits,
             "K": K,
-            "staleness_policy": self.cfg.staleness_policy,
+            "staleness_policy": policy,
+            "price_replay": bool(self.cfg.price_replay),
             "module_times_s": {k: v for k, v in T.items() if k.startswith("T")},
             "iterations_per_epoch": tau,
-            "predicted_epoch_s": {"serial_eq10": serial, "grouped_eq12": grouped, "edge_only": edge_only},
-            "predicted_iter_s": grouped / tau,
+            # planned: the configured cost model's; policy: the staleness policy's pipeline walked
+            # over the epoch; serial_eq10 / grouped_eq12: the paper's formulas on T1..T4
+            "predicted_epoch_s": {"planned": planned, "policy": walked, "serial_eq10": serial, "grouped_eq12": grouped, "edge_only": edge_only},
+            "predicted_iter_s": planned / tau,
             "link_bytes_per_s": {"up": up, "down": down},
-            "candidates": [{"cut": c, "cost_s": v} for c, _, v in decision.candidates] if decision else [],
+            "candidates": [{"cut": c, "cost_s": v} for c, _, v in decisions[str(self.cfg.cost_model)].candidates] if decisions else [],
             "profile": prof,
         }
 
@@ -215,8 +257,9 @@ class FeatureReplay(Scheduler):
         return self._plan
 
     def planned_epoch_s(self) -> float:
-        """Eq. 12's grouped cost (Eq. 10's serial one at K = 0, where both agree)."""
-        return float(self._plan["predicted_epoch_s"]["grouped_eq12"])
+        """The configured cost model's epoch: the staleness policy's pipeline (`cost_model:
+        policy`, default) or Eq. 12 (`paper`; Eq. 10 at K = 0, where both agree)."""
+        return float(self._plan["predicted_epoch_s"]["planned"])
 
     # ---- roles -------------------------------------------------------------------------------
 
@@ -260,11 +303,13 @@ class FeatureReplay(Scheduler):
 
 
 def engine_profile(prof: dict) -> cost.CutProfile:
-    """The decision engine's CutProfile from the plan's rows: compression is inside edge_s and the
-    uplink bytes are the compressed packet's, so the engine prices transfers at 32 'bits' of
-    those bytes (the run's bit width is the compressor's; switching widths online is not done)."""
+    """The decision engine's CutProfile from the plan's rows: compression is inside edge_s (and
+    edge_send_s) and the uplink bytes are the compressed packet's, so the engine prices transfers
+    at 32 'bits' of those bytes (the run's bit width is the compressor's; switching widths online
+    is not done)."""
     up = prof["uplink_bytes"]
-    return cost.CutProfile(prof["edge_s"], prof["cloud_s"], up[:-1], lambda c, b: 0.0, prof["block_bytes"], down_bytes=prof["downlink_bytes"][:-1])
+    return cost.CutProfile(prof["edge_s"], prof["cloud_s"], up[:-1], lambda c, b: 0.0, prof["block_bytes"], down_bytes=prof["downlink_bytes"][:-1],
+                           send_s=prof["edge_send_s"], cloud_step_s=prof["cloud_step_s"], latency_s=tuple(prof["latency_s"]), overhead_s=tuple(prof["overhead_s"]))
 
 
 class JointDNN(FeatureReplay):

@@ -12,6 +12,9 @@ the numbers its profile tables give (notes section 4.3):
 - tau, the iterations expected until the next re-deployment, is an EWMA (Eq. 14, beta 0.8, updated
   every iteration as the official code does);
 - Alg. 2 searches every cut and bit width for the least M + U (K is scheduled, not searched).
+  `decide` takes the cost M as a function: Eq. 12 (`paper_cost`, Alg. 2 as printed) or the
+  policy-aware walk of the pipeline (feature_replay_pipeline.policy_cost, the default of
+  `scheduler.cost_model`).
 
 Units: seconds, bytes and bytes per second (the tables' MB are 2^20 bytes; convert at the edge).
 """
@@ -82,7 +85,12 @@ class CutProfile:
     - `compress_s(l, bits)`: edge seconds to compress that feature to `bits` (0 at 32);
     - `block_bytes[i-1]`: the weights of block i (for migrations);
     - `min_bits[l-1]`: the fewest bits cut l tolerates (offline calibration), default 1;
-    - `down_bytes[l-1]`: the gradient's bytes, when they are not the fp32 feature's.
+    - `down_bytes[l-1]`: the gradient's bytes, when they are not the fp32 feature's;
+    - `send_s[l-1]`: the part of `edge_s` the edge spends when it sends (the forward), the rest
+      being spent per applied gradient (replay, backward, step); the policy-aware model needs it;
+    - `cloud_step_s[l-1]`: the part of `cloud_s` after the gradient has left (the step);
+    - `latency_s`: the links' one-way latencies (up, down), `overhead_s` their per-message
+      channel time (a radio's wake-up).
     """
 
     edge_s: Sequence[float]
@@ -92,6 +100,10 @@ class CutProfile:
     block_bytes: Sequence[float]
     min_bits: Sequence[int] | None = None
     down_bytes: Sequence[float] | None = None  # the gradient's bytes if not the fp32 feature's
+    send_s: Sequence[float] | None = None
+    cloud_step_s: Sequence[float] | None = None
+    latency_s: tuple[float, float] = (0.0, 0.0)
+    overhead_s: tuple[float, float] = (0.0, 0.0)
 
     @property
     def units(self) -> int:
@@ -103,6 +115,26 @@ class CutProfile:
         down = self.down_bytes[cut - 1] if self.down_bytes is not None else size
         t1 = self.edge_s[cut - 1] + (self.compress_s(cut, bits) if bits < 32 else 0.0)
         return (t1, size * bits / 32.0 / r_up, self.cloud_s[cut - 1], down / r_down)
+
+    def stages(self, cut: int, bits: int, r_up: float, r_down: float):
+        """The deployment's module times split as the policy-aware model walks them
+        (feature_replay_pipeline.Stages)."""
+        from plugins.schedulers.feature_replay_pipeline import Stages
+
+        if self.send_s is None:
+            raise ValueError("the policy-aware cost needs the edge's send share of P1 (CutProfile.send_s); Eq. 12 (paper_cost) does not")
+        size = self.feature_bytes[cut - 1]
+        down = self.down_bytes[cut - 1] if self.down_bytes is not None else size
+        send, edge = self.send_s[cut - 1], self.edge_s[cut - 1]
+        step = self.cloud_step_s[cut - 1] if self.cloud_step_s is not None else 0.0
+        return Stages(forward_s=send, encode_s=self.compress_s(cut, bits) if bits < 32 else 0.0, replay_s=edge - send,
+                      up_s=self.overhead_s[0] + size * bits / 32.0 / r_up, cloud_s=self.cloud_s[cut - 1] - step, cloud_step_s=step,
+                      down_s=self.overhead_s[1] + down / r_down, up_latency_s=self.latency_s[0], down_latency_s=self.latency_s[1])
+
+
+def paper_cost(profile: CutProfile, dep, K: int | None, r_up: float, r_down: float, tau: float) -> float:
+    """M of Alg. 2 as printed: Eq. 12 on the deployment's T1..T4 (Eq. 9)."""
+    return grouped_cost(profile.module_times(dep.cut, dep.bits, r_up, r_down), K, tau)
 
 
 @dataclass(frozen=True)
@@ -120,8 +152,10 @@ class Decision:
 
 
 def decide(profile: CutProfile, current: Deployment, K: int | None, r_up: float, r_down: float, tau: float, *,
-           bits_candidates: Sequence[int] = (2, 4, 8, 16, 32), include_edge_only: bool = True) -> Decision:
-    """Alg. 2: the deployment of least M(l, K, b, r_u, r_d, tau) + U(l_now, l). Candidates are
+           bits_candidates: Sequence[int] = (2, 4, 8, 16, 32), include_edge_only: bool = True, model: Callable | None = None) -> Decision:
+    """Alg. 2: the deployment of least M(l, K, b, r_u, r_d, tau) + U(l_now, l), M = `model`
+    (default `paper_cost`, Eq. 12; feature_replay_pipeline.policy_cost(policy) walks the
+    staleness policy's pipeline). Candidates are
     every cut with the edge holding 1..L-1 blocks and every bit width the cut tolerates
     (b >= min_bits(l), the notes' proposal), then edge-only (the official code and section 6.3;
     its cost is tau x the local iteration). Ties keep the earlier candidate, the current
@@ -133,7 +167,7 @@ def decide(profile: CutProfile, current: Deployment, K: int | None, r_up: float,
         u = migration_cost(profile.block_bytes, current.cut, dep.cut, r_up, r_down)
         if dep.cut == L:
             return profile.edge_s[L - 1] * tau + u
-        return grouped_cost(profile.module_times(dep.cut, dep.bits, r_up, r_down), K, tau) + u
+        return (model or paper_cost)(profile, dep, K, r_up, r_down, tau) + u
 
     def allowed(dep: Deployment) -> bool:
         if dep.cut == L:
@@ -157,13 +191,24 @@ def decide(profile: CutProfile, current: Deployment, K: int | None, r_up: float,
     return Decision(best[1], best[0], best[0] / tau, [(d.cut, d.bits, c) for c, d in found])
 
 
-def table_profile(table, edge: str, cloud: str, block_bytes: Sequence[float] | None = None) -> CutProfile:
+def table_profile(table, edge: str, cloud: str, block_bytes: Sequence[float] | None = None, *,
+                  forward_fraction: float | None = None, price_replay: bool = False) -> CutProfile:
     """A CutProfile from a shipped profile table (framework.profile_tables): the edge's measured
     iteration is P1 (as the official engine takes it), compression from the table's 8-bit column
-    (the same seconds for any width below 32: the quantizer's passes do not depend on it)."""
+    (the same seconds for any width below 32: the quantizer's passes do not depend on it).
+    `forward_fraction` (the forward's share of a measured iteration, as the `table` time model
+    splits it) gives the send share the policy-aware model needs; `price_replay` then adds the
+    replay's forward to P1 (the device runs it; edge-only training has none)."""
     L = table.units
     edge_s = [table.cumulative(edge, l) for l in range(1, L + 1)]
     cloud_s = [table.cumulative(cloud, l) if l < L else 0.0 for l in range(1, L + 1)]
+    send_s = None
+    if forward_fraction is not None:
+        send_s = [forward_fraction * e for e in edge_s]
+        if price_replay:
+            edge_s = [e + f for e, f in zip(edge_s[:-1], send_s[:-1])] + edge_s[-1:]
+    elif price_replay:
+        raise ValueError("price_replay needs forward_fraction: the table measures forward and backward together")
     comp = (table.compress_s or {}).get(edge)
     feature = [mb * MB for mb in table.feature_MB]
 
@@ -172,4 +217,4 @@ def table_profile(table, edge: str, cloud: str, block_bytes: Sequence[float] | N
             return 0.0
         return comp[cut - 1]
 
-    return CutProfile(edge_s, cloud_s, feature, compress_s, list(block_bytes) if block_bytes is not None else [0.0] * L)
+    return CutProfile(edge_s, cloud_s, feature, compress_s, list(block_bytes) if block_bytes is not None else [0.0] * L, send_s=send_s)

@@ -191,6 +191,7 @@ class UpstreamRole(_Side):
         self.K: int | None = sched.K_at(0)
         self.profile = cost_profile = plan["profile"]
         self.engine = sched.engine_profile(cost_profile)
+        self.engine_cost = sched.cost_model()  # M of Alg. 2: the policy's pipeline, or Eq. 12 (`cost_model: paper`)
         self.tau = cost.TauEstimator(plan["iterations_per_epoch"], float(sched.cfg.tau_beta))
         self.rates = RateMeter(float(sched.cfg.rate_beta))
         self.migrations: list[dict] = []
@@ -354,7 +355,7 @@ class UpstreamRole(_Side):
         if self.rates.up is None or self.rates.down is None:
             return None
         d = cost.decide(self.engine, cost.Deployment(self.cut, 32), self.K, self.rates.up, self.rates.down, self.tau.tau,
-                        bits_candidates=(32,), include_edge_only=bool(self.sched.cfg.include_edge_only))
+                        bits_candidates=(32,), include_edge_only=bool(self.sched.cfg.include_edge_only), model=self.engine_cost)
         return d.deployment.cut
 
     async def migrate(self, ctx, new_cut: int, t: int) -> None:

@@ -79,7 +79,8 @@ class FeatureReplayConfig(SchedulerConfig):
     cut: Optional[int] = None  # units on the edge (1..L; L = edge-only); null = the decision engine's choice (Alg. 2)
     edge_device: str = "dev0"
     cloud_device: Optional[str] = None  # null: the cluster's `cloud` device, else its `server`
-    price_replay: bool = True  # charge the replay's forward (the paper's T1); false: the official cost model's T1 (profile + compression)
+    price_replay: bool = True  # charge the replay's forward (the device runs it; the paper's T1); false: an ablation, the official cost model's T1 (profile + compression)
+    cost_model: str = "policy"  # the plan's prediction and the engine's cost: policy (walks the staleness policy's pipeline) | paper (Eq. 10/12, Alg. 2 as printed)
     include_edge_only: bool = True  # the engine may choose edge-only (the code, section 6.3; section 4.5 excludes it)
     adaptive: bool = True  # the edge re-runs the engine every iteration on measured bandwidths and migrates the cut (Alg. 2)
     tau_beta: float = 0.8  # Eq. 14's EWMA (the code's value); tau starts at the iterations per epoch
