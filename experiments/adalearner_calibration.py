@@ -15,7 +15,12 @@ reports, none from the speed-ups the presets are used to reproduce (docs/calibra
    630ms" (fp32 to 1-bit, Fig. 9(a)). Read with Eq. 4 at the MLP's largest plotted n = 6 (12
    messages, 6 wake-ups): 1.572 s = 12 x fp32 bytes / B + 6 D gives B; the 1-bit figure is then a
    check (12 x 1-bit bytes / B + 6 D against 0.630 s), and so is solving both figures for B and D
-   together (D against the measured 100 ms).
+   together (D against the measured 100 ms: only n = 6 gives it). The sentence does not name n.
+   The other reading, a wake-up on each of the 2n transfers, matches 100 ms at n = 3 and gives
+   half the rate; it is not the preset's because Eq. 4 charges one wake-up per worker and because
+   with it the paper's MLP communication shares (76 % at n = 2) would leave 0.33 s of compute for
+   64 samples, more than the phone's 0.183 s for 128 (Eq. 4's reading leaves 0.165 s). The study
+   reports LeNet under both readings.
 3. The codec (conf/experiment/adalearner.yaml `compressor.time`): the paper pre-tests S_q and S_uq
    but does not report them; it reports the codec's share of LeNet's 1-bit iteration, at most 8.5 %
    (Sec. VIII-C), i.e. at n = 8, where the iteration is shortest (3.276 s) and Eq. 8 counts most
@@ -81,9 +86,14 @@ def main() -> int:
     B2 = msgs * (fp - ob) / (MLP_TRANSMISSION_S[0] - MLP_TRANSMISSION_S[1])
     D2 = (MLP_TRANSMISSION_S[0] - msgs * fp / B2) / MLP_N
     print(f"   check, both figures solved for B and D: B = {8 * B2:.4g} bit/s, D = {D2 * 1e3:.1f} ms (paper: about 100 ms)")
+    Bb = 6 * fp / (MLP_TRANSMISSION_S[0] - 6 * WAKE_S)  # a wake-up on each of 2n = 6 transfers
+    print(f"   the other reading, a wake-up on every transfer (2n per iteration): D = 100 ms only at n = 3, B = {8 * Bb:.4g} bit/s")
+    for name, comm in (("Eq. 4's (one per worker)", 4 * fp / B + 2 * WAKE_S), ("a wake-up per transfer", 4 * (WAKE_S + fp / Bb))):
+        print(f"   {name}: MLP fp32 communication at n = 2 = {comm:.3f} s; the paper's 76 % share of it leaves "
+              f"{comm * 0.24 / 0.76:.3f} s of compute for 64 samples (the phone's local 128: {LOCAL_S['mlp']} s)")
     for n in (3, 4, 5, 7, 8):
         Bn = 2 * n * (fp - ob) / (MLP_TRANSMISSION_S[0] - MLP_TRANSMISSION_S[1])
-        print(f"   (read at n = {n} instead: D = {(MLP_TRANSMISSION_S[0] - 2 * n * fp / Bn) / n * 1e3:.0f} ms)")
+        print(f"   (Eq. 4's accounting read at n = {n} instead: D = {(MLP_TRANSMISSION_S[0] - 2 * n * fp / Bn) / n * 1e3:.0f} ms)")
     lenet_mb = rows["lenet"][2] * 4 / 1e6
     S = 11 * lenet_mb / (LENET_CODEC_SHARE * LENET_ONEBIT_8_S)
     print(f"3. codec: S = 11 x {lenet_mb:.4g} MB / ({LENET_CODEC_SHARE} x {LENET_ONEBIT_8_S} s) = {S:.4g} MB/s: {1 / S:.4g} s per MB")

@@ -41,7 +41,7 @@ def sensitivity(sens: dict, paper: dict, path: Path) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label, scale in ((axes[0], "bandwidth_bps", "link rate B (Mbit/s)", 1e-6), (axes[1], "wakeup_s", "wake-up D per worker (s)", 1.0)):
-        pts = sorted((v["value"] * scale, v) for (k, _), v in sens.items() if k == key)
+        pts = sorted(((v["value"] * scale, v) for (k, _), v in sens.items() if k == key), key=lambda p: p[0])
         xs = [x for x, _ in pts]
         ax.plot(xs, [v["fp32_peak"] for _, v in pts], "o-", color="tab:blue", label="fp32, best n")
         for x, v in pts:
