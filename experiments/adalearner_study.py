@@ -117,7 +117,7 @@ def choices(args, res: dict) -> dict:
         best = min(((a, n) for a in ("fp32", "onebit") for n in range(1, 9)), key=lambda k: res[(model, *k)]["iteration_s"])
         out[model]["simulator"] = {"n": best[1], "scheme": "local" if best[1] == 1 else best[0], "speedup": res[(model, *best)]["speedup"]}
         print(f"{model}: fifo picks n = {out[model]['fifo']['n']} ({out[model]['fifo']['scheme']}), paper n = {out[model]['paper']['n']} "
-              f"({out[model]['paper']['scheme']}); simulator's fastest n = {best[1]} ({best[0]})", flush=True)
+              f"({out[model]['paper']['scheme']}); simulator's fastest n = {best[1]} ({out[model]['simulator']['scheme']})", flush=True)
     for planner in ("fifo", "paper"):  # LeNet with fp32 only: the paper's "4 WNs is optimal"
         r = timing_run(args.out / "runs" / f"lenet_fp32_{planner}", [*MODELS["lenet"], "scheduler.architecture=fp32", f"scheduler.planner={planner}"], args.iterations)
         out["fp32_only"][planner] = {"n": r["plan"]["n"], "epoch_over_predicted": r["epoch_over_predicted"], "iteration_s": r["iteration_s"]}
