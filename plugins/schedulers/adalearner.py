@@ -13,12 +13,14 @@ synchronous update per global minibatch:
                             feedback) and sends the same bits to every WN; everyone steps
 
 On `cluster=adalearner_wlan` every link shares one half-duplex channel (`shared_medium`) and each
-transfer first pays the radio's wake-up (`link.wakeup_s`), so the 2n transfers of an iteration
-queue one after another, as on the paper's hotspot. The GO answers in the order the gradients
-arrived (FIFO). Algorithm 1 (plugins/schedulers/adalearner_plan.py) picks the number of workers,
-their slices and the architecture from the devices' profiles (the run's predictor), the link and
-the codec's speed; the choice and every n it looked at are in plan.json and under `plan` in
-summary.json.
+worker's upload first pays the radio's wake-up (`links.dev*->go.wakeup_s`: Eq. 4's D[j], once per
+worker and iteration), so the 2n transfers of an iteration queue one after another, as on the
+paper's hotspot. The GO answers in the order the gradients arrived (FIFO), so a worker answered
+first computes while the others are answered. Algorithm 1 (plugins/schedulers/adalearner_plan.py,
+adalearner_planner.py) picks the number of workers, their slices and the architecture from the
+devices' profiles (the run's predictor), the links and the codec's speed, by the iteration as the
+FIFO star runs it (`planner=fifo`, adalearner_fifo.py) or by the paper's Eq. 4 (`planner=paper`);
+the choice and every n it looked at are in plan.json and under `plan` in summary.json.
 
 Decisions (notes section 9, where the paper is silent):
 - The GO only aggregates (it computes nothing when n >= 2); n = 1 is the GO training alone.
@@ -34,11 +36,8 @@ Decisions (notes section 9, where the paper is silent):
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from framework import wire
 from framework.cluster import Work
 from framework.errors import ConfigError
 from framework.models import clone_module
@@ -48,7 +47,7 @@ from plugins.schedulers.schemas import AdaLearnerConfig  # noqa: F401  (registry
 
 PARTITIONS = ("linear", "lookup_table")
 ARCHITECTURES = ("auto", "fp32", "onebit")
-COMM_MODELS = ("per_transfer", "paper")
+PLANNERS = ("fifo", "paper", "paper_printed")  # plugins/schedulers/adalearner_planner.py
 
 
 class AdaLearner(Scheduler):
@@ -73,7 +72,7 @@ class AdaLearner(Scheduler):
 
     def _check_config(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        for key, value, choices in (("partition", cfg.partition, PARTITIONS), ("architecture", cfg.architecture, ARCHITECTURES), ("comm_model", cfg.comm_model, COMM_MODELS)):
+        for key, value, choices in (("partition", cfg.partition, PARTITIONS), ("architecture", cfg.architecture, ARCHITECTURES), ("planner", cfg.planner, PLANNERS)):
             if value not in choices:
                 raise ConfigError(f"scheduler.{key}", f"{value!r}; choices: {', '.join(choices)}")
         if cfg.workers is not None and not 1 <= int(cfg.workers) <= len(self.candidates):
@@ -140,6 +139,15 @@ class AdaLearner(Scheduler):
         step = self.ctx.cluster.device(device).time(Work("step", 0, self.Q))
         return step * (1 + max(0, n - 1) / 4)
 
+    def aggregate_meta(self) -> dict[str, torch.Tensor]:
+        """The 1-bit answer's tensors (each parameter's scalars and bits, uint8) as meta tensors."""
+        out = {}
+        for n, shape in self.param_shapes().items():
+            meta_n, payload_n = self.codec.wire_size(shape)
+            out[f"{n}.meta"] = torch.empty(meta_n, dtype=torch.uint8, device="meta")
+            out[f"{n}.bits"] = torch.empty(payload_n, dtype=torch.uint8, device="meta")
+        return out
+
     def own_model(self):
         return clone_module(self.ctx.model) if self.numerics else self.ctx.model
 
@@ -160,56 +168,9 @@ class AdaLearner(Scheduler):
         return float(self.plan()["predicted_epoch_s"])
 
     def _make_plan(self) -> dict:
-        cfg, ctx, W = self.cfg, self.ctx, self.W
-        prof = {d: self._profile(d) for d in self.candidates}
-        go_t = self._profile(self.go_device)(W)
-        if cfg.partition == "linear":  # t(b) = a + b / C from two points (the profiles are linear in b)
-            rate = {d: (W - 1) / max(p(W) - p(1), 1e-12) if W > 1 else 1.0 / max(p(1), 1e-12) for d, p in prof.items()}
-            over = {d: max(0.0, p(1) - 1.0 / rate[d]) for d, p in prof.items()}
-            split = lambda n: ap.linear_split(W, n, rate, over)  # noqa: E731
-            table = thresholds = None
-        else:
-            top = max(p(W) for p in prof.values())
-            thresholds = [cfg.lookup_step_s * (j + 1) for j in range(int(math.ceil(top / cfg.lookup_step_s)))]
-            table = {d: [max([b for b in range(1, W + 1) if p(b) <= t], default=0) for t in thresholds] for d, p in prof.items()}
-            split = lambda n: ap.lookup_split(W, n, table, thresholds)  # noqa: E731
+        from plugins.schedulers.adalearner_planner import make_plan
 
-        def split_n(n: int) -> ap.Split:
-            if n == 1 and cfg.local_when_n1:
-                return ap.Split((self.go_device,), (W,), go_t)
-            return split(n)
-
-        grads = self.meta_grads()
-        fp32_bytes = wire.encoded_size(grads)
-        onebit_bytes = ctx.compressor.packet_bytes(grads, tag=ctx.compressor.backward_tag) if self.codec is not None else None
-        link = ctx.cluster.link(self.candidates[0], self.go_device)
-        enc, dec = (self._price_codec("encode"), self._price_codec("decode")) if self.codec is not None else (0.0, 0.0)
-        comm = ap.CommModel(bandwidth_Bps=link.cfg.bandwidth_bps / 8.0, wake_s=link.cfg.wakeup_s + link.cfg.latency_s,
-                            quantize_Bps=fp32_bytes / enc if enc > 0 else math.inf, unquantize_Bps=fp32_bytes / dec if dec > 0 else math.inf,
-                            mode=cfg.comm_model)
-        arch = cfg.architecture if self.codec is not None else "fp32"
-        forced = cfg.workers is not None
-        sched = ap.schedule(split_n, int(cfg.workers) if forced else len(self.candidates), comm, fp32_bytes, onebit_bytes=onebit_bytes,
-                            architecture=arch, early_stop=cfg.early_stop and not forced, local_when_n1=cfg.local_when_n1)
-        best = sched.tried[-1] if forced else sched.best
-        if not math.isfinite(best.total_s):
-            raise ConfigError("scheduler.partition", f"no split of the minibatch of {W} fits the lookup table's thresholds (step {cfg.lookup_step_s} s)")
-        go_update = self.update_s(self.go_device, 1 if best.scheme == "local" else best.n)
-        iters = ctx.iterations_per_epoch()
-        predicted = best.total_s + go_update
-        workers = [] if best.scheme == "local" else [{"device": d, "samples": s} for d, s in zip(best.split.nodes, best.split.sizes)]
-        return {
-            "scheduler": "adalearner", "scheme": best.scheme, "n": best.n, "workers": workers,
-            "estimate_s": best.total_s, "compute_s": best.split.compute_s, "comm_s": best.comm_s, "go_update_s": go_update,
-            "predicted_iteration_s": predicted, "predicted_epoch_s": predicted * iters,
-            "local_iteration_s": go_t + self.update_s(self.go_device, 1),
-            "tried": [e.as_dict() for e in sched.tried],
-            "fp32_bytes": fp32_bytes, "onebit_bytes": onebit_bytes,
-            "link": {"bandwidth_Bps": comm.bandwidth_Bps, "wake_s": comm.wake_s, "shared_medium": bool(ctx.cluster.cfg.shared_medium)},
-            "codec_s": {"encode": enc, "decode": dec},
-            "partition": cfg.partition, "architecture": cfg.architecture, "comm_model": cfg.comm_model,
-            **({"lookup_table": {"thresholds_s": thresholds, "batches": table}} if table else {}),
-        }
+        return make_plan(self)
 
     # ---- roles --------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """AdaLearner's planner (notes 2.3-2.8): how the global minibatch is split over n worker nodes,
-what one iteration's communication costs with fp32 and with 1-bit error feedback, and Algorithm 1
-(corrected), which picks n, the slices and the architecture.
+what one iteration's communication costs with fp32 and with 1-bit error feedback by the paper's
+formulas, and Algorithm 1 (corrected), which picks n, the slices and the architecture.
 
 Pure functions over profiles: a caller gives each node's minibatch-to-time profile, the WLAN's
 bandwidth and wake-up latency, the codec speeds and the model's gradient size. The scheduler puts
@@ -17,12 +17,14 @@ Decisions (notes section 9):
   rounds by largest remainder so the slices sum to the minibatch.
 - Algorithm 1's lines 4 and 7 cite Eq. 7 and Eq. 8 the wrong way round; here the 1-bit time is
   Eq. 8's and the fp32 time Eq. 7's. n = 1 is local training on the group owner: no communication.
-- Communication is modelled two ways. `paper`: Eq. 7 and Eq. 8 as printed, except that Eq. 8's
-  `T_comm / Z` is taken as `n W / (B Z)`: the printed form divides the wake-up time D by Z too and
-  then adds D again. `per_transfer` (the default, the model the notes fit to the paper's timings):
-  each of the 2n transfers of an iteration (n uploads, n downloads, one at a time on the half-duplex
-  medium) pays the bytes over the bandwidth and one wake-up latency, and 1-bit adds the codec terms
-  of Eq. 8.
+- The paper's communication (`CommModel`), two readings. `eq4` (`scheduler.planner=paper`): Eq. 4
+  as written, `(W_trans / B) N + sum_j D[j]`, with W_trans both directions (gradients up, weights
+  or the 1-bit sum down: 2n messages, one after another) and D[j] the wake-up worker j's transfers
+  pay per iteration; 1-bit adds Eq. 8's codec terms. `printed` (`planner=paper_printed`): Eq. 7
+  and Eq. 8 as printed, one direction and one constant D, except that Eq. 8's `T_comm / Z` is
+  taken as `n W / (B Z)`: the printed form divides D by Z too and then adds D again.
+  Both add compute and communication; the FIFO overlap the roles run is the default planner's
+  (plugins/schedulers/adalearner_fifo.py), and `schedule` takes either estimate.
 """
 
 from __future__ import annotations
@@ -95,24 +97,25 @@ def linear_split(total: int, n: int, rate: dict[str, float], overhead_s: dict[st
 
 @dataclass(frozen=True)
 class CommModel:
-    """One iteration's communication on the group owner's WLAN (notes 2.7 and 6.2)."""
+    """One iteration's communication on the group owner's WLAN by the paper's formulas (notes 2.3,
+    2.7): `eq4` (Eq. 4 as written) or `printed` (Eq. 7 and 8 as printed)."""
 
-    bandwidth_Bps: float  # bytes per second (the notes' fit: about 5.7e6)
-    wake_s: float  # D: wake-up latency, per transfer (per_transfer) or per iteration (paper)
+    bandwidth_Bps: float  # B, bytes per second
+    wake_s: float  # eq4: D[j], one worker's wake-up per iteration; printed: Eq. 7's constant D
     quantize_Bps: float = math.inf  # S_q, S_uq: the codec's speed in bytes of fp32 input per second
     unquantize_Bps: float = math.inf
     Z: float = 32.0  # the 1-bit compression factor
-    mode: str = "per_transfer"  # or "paper" (Eq. 7 and 8)
+    mode: str = "eq4"
 
     def __post_init__(self):
-        if self.mode not in ("per_transfer", "paper"):
-            raise ValueError(f"mode {self.mode!r}; choices: per_transfer, paper")
+        if self.mode not in COMM_MODES:
+            raise ValueError(f"mode {self.mode!r}; choices: {', '.join(COMM_MODES)}")
 
     def fp32_s(self, n: int, nbytes: float) -> float:
         """Eq. 7 (gradients up, weights down)."""
-        if self.mode == "paper":
+        if self.mode == "printed":
             return n * nbytes / self.bandwidth_Bps + self.wake_s
-        return 2 * n * (nbytes / self.bandwidth_Bps + self.wake_s)
+        return 2 * n * nbytes / self.bandwidth_Bps + n * self.wake_s
 
     def codec_s(self, n: int, nbytes: float) -> float:
         """Eq. 8's codec terms: one quantization on the nodes (in parallel) and one at the group
@@ -123,9 +126,12 @@ class CommModel:
         """Eq. 8. `wire_bytes`: the 1-bit message's real size (bits and per-group scalars), where
         known; else `nbytes / Z`."""
         sent = nbytes / self.Z if wire_bytes is None else wire_bytes
-        if self.mode == "paper":
+        if self.mode == "printed":
             return self.codec_s(n, nbytes) + n * sent / self.bandwidth_Bps + self.wake_s
-        return self.codec_s(n, nbytes) + 2 * n * (sent / self.bandwidth_Bps + self.wake_s)
+        return self.codec_s(n, nbytes) + 2 * n * sent / self.bandwidth_Bps + n * self.wake_s
+
+
+COMM_MODES = ("eq4", "printed")
 
 
 @dataclass(frozen=True)
@@ -133,11 +139,8 @@ class Estimate:
     n: int
     split: Split
     scheme: str  # "local", "fp32" or "onebit"
-    comm_s: float
-
-    @property
-    def total_s(self) -> float:
-        return self.split.compute_s + self.comm_s
+    comm_s: float  # what the estimate adds to the slowest slice's compute
+    total_s: float  # one iteration
 
     def as_dict(self) -> dict:
         return {"n": self.n, "nodes": list(self.split.nodes), "sizes": list(self.split.sizes), "scheme": self.scheme,
@@ -152,23 +155,38 @@ class Schedule:
     tried: list[Estimate] = field(default_factory=list)
 
 
-def schedule(split, max_n: int, comm: CommModel, nbytes: float, *, onebit_bytes: float | None = None, architecture: str = "auto",
-             early_stop: bool = True, local_when_n1: bool = True) -> Schedule:
-    """Algorithm 1 (corrected). `split(n)` gives the n-node Split; `nbytes` is the fp32 gradient
-    (and weight) message, `onebit_bytes` the 1-bit one; `architecture` is `auto` (Eq. 9: 1-bit
-    where its Eq. 8 time is below Eq. 7's), `fp32` or `onebit`. With `early_stop` (the paper's)
-    the search ends at the first n whose estimate is worse than the best so far."""
-    if architecture not in ("auto", "fp32", "onebit"):
-        raise ValueError(f"architecture {architecture!r}; choices: auto, fp32, onebit")
+ARCHITECTURES = ("auto", "fp32", "onebit")
+
+
+def check_architecture(architecture: str) -> None:
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture {architecture!r}; choices: {', '.join(ARCHITECTURES)}")
+
+
+def paper_estimate(comm: CommModel, nbytes: float, *, onebit_bytes: float | None = None, architecture: str = "auto"):
+    """Eq. 4 with Eq. 7-9: `estimate(n, split)` for `schedule`. `nbytes` is the fp32 gradient (and
+    weight) message, `onebit_bytes` the 1-bit one; `architecture` is `auto` (Eq. 9: 1-bit where
+    its Eq. 8 time is below Eq. 7's), `fp32` or `onebit`."""
+    check_architecture(architecture)
+
+    def estimate(n: int, sp: Split) -> Estimate:
+        fp, ob = comm.fp32_s(n, nbytes), comm.onebit_s(n, nbytes, onebit_bytes)
+        use_onebit = architecture == "onebit" or (architecture == "auto" and ob < fp)  # Eq. 9
+        c = ob if use_onebit else fp
+        return Estimate(n, sp, "onebit" if use_onebit else "fp32", c, sp.compute_s + c)
+
+    return estimate
+
+
+def schedule(split, max_n: int, estimate, *, early_stop: bool = True, local=None) -> Schedule:
+    """Algorithm 1 (corrected). `split(n)` gives the n-node Split, `estimate(n, split)` its
+    Estimate (`paper_estimate`, or the scheduler's FIFO one); `local(split)`, where given, is
+    n = 1: the group owner training alone. With `early_stop` (the paper's) the search ends at the
+    first n whose estimate is worse than the best so far."""
     best, tried = None, []
     for n in range(1, max_n + 1):
         sp = split(n)
-        if n == 1 and local_when_n1:
-            est = Estimate(1, sp, "local", 0.0)
-        else:
-            fp, ob = comm.fp32_s(n, nbytes), comm.onebit_s(n, nbytes, onebit_bytes)
-            use_onebit = architecture == "onebit" or (architecture == "auto" and ob < fp)  # Eq. 9
-            est = Estimate(n, sp, "onebit" if use_onebit else "fp32", ob if use_onebit else fp)
+        est = local(sp) if (n == 1 and local is not None) else estimate(n, sp)
         tried.append(est)
         if best is not None and est.total_s > best.total_s and early_stop:
             break

@@ -140,13 +140,8 @@ class GroupOwner(Role):
         s = self.sched
         codec = s.codec
         if not s.numerics:
-            out = {}
-            for n, shape in s.param_shapes().items():
-                meta_n, payload_n = codec.wire_size(shape)
-                out[f"{n}.meta"] = torch.empty(meta_n, dtype=torch.uint8, device="meta")
-                out[f"{n}.bits"] = torch.empty(payload_n, dtype=torch.uint8, device="meta")
             self.stage.finish_step()
-            return out
+            return s.aggregate_meta()
         out, decoded = {}, {}
         for n, g in self._sum.items():
             enc = codec.encode(g, self.streams.setdefault(n, {}))

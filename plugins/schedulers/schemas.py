@@ -151,6 +151,6 @@ class AdaLearnerConfig(SchedulerConfig):
     max_workers: Optional[int] = None  # the candidates Algorithm 1 looks at; null: every dev<i>
     early_stop: bool = True  # Algorithm 1 stops at the first n whose estimate is worse (the paper's)
     local_when_n1: bool = True  # n = 1 is the group owner training alone, no communication
-    comm_model: str = "per_transfer"  # per_transfer (2n transfers, each bytes/B + wake-up) | paper (Eq. 7-8 as printed)
+    planner: str = "fifo"  # fifo (the iteration as the FIFO star runs it) | paper (Eq. 4, 7-9) | paper_printed (Eq. 7-8 as printed)
     lookup_step_s: float = 0.1  # lookup_table: the table's time thresholds are multiples of this
     group_owner: str = "go"  # the device of the group owner (the user's phone, the hotspot)
