@@ -3,6 +3,7 @@
     python experiments/accept_table5.py                  # the full form: 469 mini-batches per epoch (about 25 minutes)
     python experiments/accept_table5.py --quick          # 40 mini-batches per epoch (about 4 minutes)
     python experiments/accept_table5.py --in-flight 5    # a depth other than the preset's (not the paper's mechanism)
+    python experiments/accept_table5.py --quick scheduler.partition=search   # any override, for every run (a what-if)
 
 Each Table 5 cell is one simulated epoch (timing only) of `experiment=accept` (MobileNetV2, batch
 128, PipeDream's asynchronous 1F1B with weight stashing and one mini-batch in flight per stage,
@@ -55,9 +56,12 @@ SCENARIOS = ("accept_s1", "accept_s2")
 FULL_SAMPLES = 60000  # MNIST's training set: 469 mini-batches of 128
 
 
+EXTRA: list[str] = []  # the command line's overrides, for every run
+
+
 def base_overrides(scenario: str, quick: bool, in_flight: int | None) -> list[str]:
     return ["experiment=accept", f"cluster={scenario}", "runtime.numerics=false", "tracking=none", "runtime.progress=false",
-            *([] if quick else [f"dataset.n_train={FULL_SAMPLES}"]), *([f"scheduler.in_flight={in_flight}"] if in_flight else [])]
+            *([] if quick else [f"dataset.n_train={FULL_SAMPLES}"]), *([f"scheduler.in_flight={in_flight}"] if in_flight else []), *EXTRA]
 
 
 def run_cell(overrides: list[str], out: Path) -> dict:
@@ -162,10 +166,12 @@ def main() -> int:
     ap.add_argument("--in-flight", type=int, default=None, help="scheduler.in_flight (default: the preset's, one per stage)")
     ap.add_argument("--quick", action="store_true", help="the synthetic set's 5000 samples per epoch (40 mini-batches) instead of 60000")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "accept_table5")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (a what-if beside the preset, e.g. scheduler.partition=search)")
     args = ap.parse_args()
+    EXTRA[:] = args.overrides
     scenarios = args.scenario or list(SCENARIOS)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python experiments/accept_table5.py" + (" --quick" if args.quick else "") + (f" --in-flight {args.in_flight}" if args.in_flight else "")
+    command = "python experiments/accept_table5.py" + (" --quick" if args.quick else "") + (f" --in-flight {args.in_flight}" if args.in_flight else "") + "".join(f" {o}" for o in args.overrides)
     t0 = time.perf_counter()
     cells = grid(scenarios, args.bandwidths, args.quick, args.in_flight, args.out)
     claims = table5_claims(cells, scenarios, args.bandwidths, command)

@@ -12,7 +12,8 @@ and "uniform w/o enc.", an int8 per value); compression ratio = uncompressed / c
 For MobileNetV2 at batch 128 on 3x32x32 inputs (the paper's setting), the largest and the
 smallest unit output of a real forward pass (synthetic CIFAR-shaped batch), sent from one stage
 to the next uncompressed and with MBQ at k = 2, 3 and 4 forward bits. A transfer's latency is
-encode (timed here, one torch thread) + the link's time for the packet's wire bytes at the given
+encode (timed here: CPU seconds of one thread, the minimum of the repeats, which load on the
+shared machine does not stretch) + the link's time for the packet's wire bytes at the given
 bandwidth plus a per-message latency (the cluster link model, `framework.cluster.Link`, the same
 one `runtime.emulate_links` sleeps on real processes) + decode (timed); the per-message latency
 is the scenario preset's (conf/cluster/accept_s1.yaml: Fig. 9's own small-message time). Prints
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -116,7 +116,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bandwidths", type=float, nargs="+", default=[1, 2, 5, 10, 20, 50], help="Mbit/s")
     ap.add_argument("--latency", type=float, default=None, help="seconds per message (default: the scenario preset's)")
-    ap.add_argument("--repeats", type=int, default=5, help="codec timings per case (median)")
+    ap.add_argument("--repeats", type=int, default=5, help="codec timings per case (the minimum is kept)")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "accept_transfer")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -139,15 +139,15 @@ def main() -> int:
             comp.set_epoch(0)
             enc, dec, nbytes = [], [], 0
             for r in range(args.repeats + 1):  # the first warms the kernels up
-                a = time.perf_counter()
+                a = time.process_time()  # CPU seconds, one thread: what other jobs on the machine do not stretch
                 data, nbytes, _ = comp.encode({"x": x}, src="stage0", dst="stage1", tag=comp.forward_tag, iteration=r)
-                b = time.perf_counter()
+                b = time.process_time()
                 comp.decode(data, src="stage0", dst="stage1", tag=comp.forward_tag)
-                c = time.perf_counter()
+                c = time.process_time()
                 if r:
                     enc.append(b - a)
                     dec.append(c - b)
-            rows[(fname, cname)] = {"wire_bytes": nbytes, "encode_s": statistics.median(enc), "decode_s": statistics.median(dec)}
+            rows[(fname, cname)] = {"wire_bytes": nbytes, "encode_s": min(enc), "decode_s": min(dec)}
     latency: dict = {}
     if args.latency is None:
         args.latency = float(cfg.cluster.link.latency_s)
@@ -160,7 +160,7 @@ def main() -> int:
     raw = {f: rows[(f, "none")]["wire_bytes"] for f in feats}
     lines = ["# AccEPT, Fig. 9 as ratios: one feature transfer, uncompressed and with MBQ", "",
              f"MobileNetV2, batch 128, 3x32x32; link latency {args.latency * 1e3:g} ms per message; codec times measured on this host, one thread "
-             f"(median of {args.repeats}); `python experiments/accept_transfer.py` ({time.perf_counter() - t0:.0f} s).", ""]
+             f"(CPU seconds, the minimum of {args.repeats}); `python experiments/accept_transfer.py` ({time.perf_counter() - t0:.0f} s).", ""]
     for f in feats:
         lines += [f"## {f}: {raw[f] / 1024:.0f} KiB uncompressed", "", "| codec | wire KiB | ratio | encode ms | decode ms |" , "|---|---|---|---|---|"]
         for c in codecs:
