@@ -89,6 +89,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=None, help="default: the form's")
     ap.add_argument("--epochs", type=int, default=None, help="default: the form's")
     ap.add_argument("--out", type=Path, default=None, help="default: outputs/accept_accuracy[_fashion_mnist]")
+    ap.add_argument("--resume", action="store_true", help="reuse the runs an interrupted study finished (their summary.json)")
     args = ap.parse_args()
     form = FORMS[args.dataset]
     seeds, epochs = args.seeds or form["seeds"], args.epochs or form["epochs"]
@@ -102,7 +103,9 @@ def main() -> int:
     acc: dict = {k: [] for k in CONFIGS}
     for seed in range(seeds):
         for name, (over, _) in CONFIGS.items():
-            s = run_job(base + over + [f"seed={seed}"], out / "runs" / f"{name}_s{seed}")
+            run_dir = out / "runs" / f"{name}_s{seed}"
+            done = run_dir / "summary.json"
+            s = json.loads(done.read_text()) if args.resume and done.is_file() else run_job(base + over + [f"seed={seed}"], run_dir)
             acc[name].append(100 * s["metrics"]["test/acc"])
             print(f"seed {seed} {name:9s} test/acc {acc[name][-1]:.2f} %", flush=True)
     mean = {k: statistics.mean(v) for k, v in acc.items()}
