@@ -6,7 +6,7 @@
 `experiment=accept` (MobileNetV2, batch 128, PipeDream's asynchronous 1F1B, the DP partitioner) on
 scenario 1 for four epochs, timing only; worker dev1 computes `--factor` times slower from
 `--at` seconds on (a device speed trace: another app took its core). FTPipeHD (predictor=capacity,
-no compression) and AccEPT (predictor=accept, MBQ) each run with the plan fixed and with
+no compression) and AccEPT (predictor=accept_mobilenetv2, MBQ) each run with the plan fixed and with
 re-planning at epsilon = 0.15: every stage reports its measured forward + backward time per
 mini-batch at each epoch's end, and stage 0 re-plans when one is more than 15 % off. Prints and
 writes <out>/report.md and results.json: total virtual time, the speed-up re-planning gives, and
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.study_runs import run_job  # noqa: E402
 
-METHODS = {"ftpipehd": ["predictor=capacity", "compressor=none"], "accept": ["predictor=accept", "compressor=mbq"]}
+METHODS = {"ftpipehd": ["predictor=capacity", "compressor=none"], "accept": ["predictor=accept_mobilenetv2", "compressor=mbq"]}
 
 
 def main() -> int:

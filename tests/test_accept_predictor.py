@@ -145,6 +145,44 @@ def test_the_accept_predictor_plans_from_hardware_vectors_and_caches_its_trainin
     assert sorted((tmp_path / "cache").glob("accept_*.safetensors")) == cached
 
 
+def test_the_accept_predictor_prices_the_central_node_by_its_own_profile(tmp_path):
+    """Eq. 9: the DP's first stage is the central node's profiled layers, summed; the MLP prices
+    only the workers (Eq. 10). predictor.central=null gives the MLP the central node too."""
+    from framework.cluster import Work
+
+    over = ["predictor=accept", "predictor.pool=4", "predictor.epochs=10", f"predictor.cache_dir={tmp_path / 'cache'}", "model=lenet", "dataset=synthetic_mnist"]
+    job = _job(tmp_path / "a", over)
+    d0, d1 = job.cluster.device("dev0"), job.cluster.device("dev1")
+    for a, b in [(0, 5), (1, 3)]:
+        w = Work("bwd", a, b, 32)
+        assert job.predictor.predict(d0, w) == pytest.approx(sum(d0.time(Work("bwd", j, j + 1, 32)) for j in range(a, b)), rel=1e-12)
+    mlp_everywhere = _job(tmp_path / "b", over + ["predictor.central=null"])
+    w = Work("fwd", 0, 5, 32)
+    assert mlp_everywhere.predictor.predict(mlp_everywhere.cluster.device("dev0"), w) != pytest.approx(d0.time(w), rel=1e-6)
+    assert mlp_everywhere.predictor.predict(mlp_everywhere.cluster.device("dev1"), w) == pytest.approx(job.predictor.predict(d1, w), rel=1e-9)
+
+
+def test_a_measured_pool_pretrains_on_transforms_of_the_profile_table(tmp_path):
+    """predictor.pool_table: the pool's devices are seeded transforms of the measured columns
+    (accept_data.SyntheticDevice), every sub-model priced from the table; the cache key follows
+    the table, and a table of another model is refused."""
+    from framework.errors import ConfigError
+
+    over = ["predictor=accept", "predictor.pool=3", "predictor.epochs=5", f"predictor.cache_dir={tmp_path / 'cache'}"]
+    job = _job(tmp_path / "a", over + ["predictor.pool_table=accept_mobilenetv2_b128", "train.batch_size=128"])
+    masks, hs, secs = job.predictor.pool_data(128)
+    assert masks.shape == (3 * 210, 20) and hs.shape == (3 * 210, 10) and (secs > 0).all()
+    from framework import profile_tables
+
+    t = profile_tables.load("accept_mobilenetv2_b128")
+    whole = [s for m, s in zip(masks, secs) if m.all()]
+    assert min(whole) > 0.25 * min(t.iteration_seconds(c, 0, 20) for c in t.prefix)  # speeds 0.5-4x, kinds 0.6-1.7x of a measured column
+    analytic = _job(tmp_path / "b", over + ["train.batch_size=128"])
+    assert job.predictor._key(128) != analytic.predictor._key(128)
+    with pytest.raises(ConfigError, match="prices 20 units, the model has 5"):  # the planner asks before anything runs
+        _job(tmp_path / "c", over + ["predictor.pool_table=accept_mobilenetv2_b128", "model=lenet", "dataset=synthetic_mnist"])
+
+
 def test_the_accept_preset_is_the_papers_run(tmp_path):
     """experiment=accept: MobileNetV2 at batch 128 on scenario 1, PipeDream's asynchronous 1F1B
     cut by the DP over the AccEPT predictor and MBQ sizes (2-bit forward, 8-bit backward first)."""
@@ -168,21 +206,25 @@ def _fwd_bwd(predict, device, j):
     return sum(predict(device, Work(k, j, j + 1, 128)) for k in ("fwd", "bwd"))
 
 
-def test_ftpipehds_ratio_misses_the_scenario_devices_per_layer_as_in_fig_4(tmp_path):
-    """The scenario presets stream activations and weights at their own rates (the central node
-    bound by activations, the one-core workers by weights), and a layer's bytes per FLOP change
-    tenfold along MobileNetV2: FTPipeHD's one ratio per worker (its first stage's time over the
-    central node's) then misses most layers by more than 20 % and the worst by more than 100 %
-    (the paper's Fig. 4: most above 20 %, up to 187.51 %)."""
+def test_ftpipehds_ratio_misses_layers_whose_core_count_speed_up_differs(tmp_path):
+    """Scenario 1's central node runs two cores and its workers one (Table 1); the profile measured
+    here speeds a layer up on two cores by its own factor (a large early layer about 3x, the
+    classifier 1.3x), so FTPipeHD's one ratio per worker, exact on the sub-model it measured, misses
+    other layers, some by more than 20 % (the paper's Fig. 4: most, up to 187.51 %;
+    experiments/accept_table5.py reports how many)."""
     from framework.job import Job
 
     job = Job(compose_cfg(["experiment=accept", "tracking=none", "runtime.numerics=false", "predictor=capacity"]), tmp_path / "run")
-    errors = []
-    for name in ("dev1", "dev2"):
-        dev = job.cluster.device(name)
-        errors += [abs(_fwd_bwd(job.predictor.predict, dev, j) / _fwd_bwd(lambda d, w: d.time(w), dev, j) - 1) for j in range(len(job.model))]
-    errors = np.array(errors)
-    assert np.mean(errors > 0.2) > 0.5 and errors.max() > 1.0, np.round(errors, 2)
+    pred, d0, d1 = job.predictor, job.cluster.device("dev0"), job.cluster.device("dev1")
+    true = lambda d, w: d.time(w)  # noqa: E731
+    a, b = pred._current(d1, 128)
+    assert sum(_fwd_bwd(pred.predict, d1, j) for j in range(a, b)) == pytest.approx(sum(_fwd_bwd(true, d1, j) for j in range(a, b)), rel=1e-9)
+    speed_up = np.array([_fwd_bwd(true, d1, j) / _fwd_bwd(true, d0, j) for j in range(len(job.model))])
+    errors = np.array([abs(_fwd_bwd(pred.predict, d1, j) / _fwd_bwd(true, d1, j) - 1) for j in range(len(job.model))])
+    assert speed_up.max() / speed_up.min() > 1.5, np.round(speed_up, 2)
+    assert errors.max() > 0.2, np.round(errors, 2)
+    # each layer's miss is its own d1/d0 ratio against the one FTPipeHD measured on the sub-model
+    assert errors == pytest.approx(np.abs(pred.ratio(d1, 128) / speed_up - 1), rel=1e-9)
 
 
 @pytest.mark.parametrize("scenario", ["accept_s1", "accept_s2"])
@@ -202,18 +244,33 @@ def test_ftpipehds_plan_is_slower_than_the_exact_one_at_4_mbit(tmp_path, scenari
     assert times["capacity"] > 1.05 * times["oracle"], times
 
 
-@pytest.mark.slow  # pre-trains the AccEPT predictor (about a minute) and plays 40 epochs (30 s)
-def test_table_5_gates_hold(tmp_path):
-    """experiments/accept_table5.py: AccEPT >= 2x FTPipeHD at 0.25 Mbit/s and 1.05-1.4x at 4,
-    BLC's gain falling with bandwidth, LP's above BLC's at 4 Mbit/s, in both scenarios (its exit
-    status is the gates')."""
+@pytest.mark.slow  # pre-trains the AccEPT predictor once (minutes) and plays 8 epochs of 40 mini-batches
+def test_the_table_5_study_prints_a_verdict_for_every_claim(tmp_path):
+    """experiments/accept_table5.py --quick on scenario 1 at 0.25 and 4 Mbit/s: a two-sided
+    verdict for every Table 5 number of those columns (4 times per mini-batch, 3 speed-ups each),
+    the quoted speed-ups among them, the orderings, and the planning claims; the report holds the
+    verdict table and the sensitivity plot. Hits or misses are the study's findings, not
+    asserted here."""
+    import json
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "experiments" / "accept_table5.py"), "--out", str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=900)
+    r = subprocess.run([sys.executable, str(root / "experiments" / "accept_table5.py"), "--quick", "--scenario", "accept_s1", "--bandwidths", "0.25", "4",
+                        "--out", str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=3600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    verdicts = json.loads((tmp_path / "results.json").read_text())["verdicts"]
+    what = [v["what"] for v in verdicts]
+    for bw in ("0.25", "4"):
+        assert sum(w.startswith(f"S1 {bw} Mbit/s") and w.endswith("s per mini-batch") for w in what) == 4
+        assert sum(w.startswith(f"S1 {bw} Mbit/s: FTPipeHD / ") and "quoted" not in w for w in what) == 3
+    assert sum("(quoted)" in w for w in what) == 3  # AccEPT's 3.01 and BLC's 2.84 at 0.25, LP's 1.15 at 4
+    assert any(w.startswith("S1: AccEPT the fastest") for w in what) and any("Table 4.2.2" == v["source"] for v in verdicts)
+    assert all(isinstance(v["hit"], bool) and v["paper"] is not None for v in verdicts)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Verdicts" in report and f"{sum(v['hit'] for v in verdicts)} of {len(verdicts)} claims hit" in report
+    assert (tmp_path / "speedup_vs_bandwidth.png").stat().st_size > 0
 
 
 @pytest.mark.slow  # three role processes over a real mosquitto (13 s)

@@ -1,13 +1,19 @@
 """`predictor=accept`: AccEPT's dual-stream latency predictor (notes 2.1) for the planners.
 
 For a model and a batch size it pre-trains `plugins.predictors.accept_mlp.LatencyPredictor` on a
-pool of devices of the simulator's own family: analytic devices with seeded random rates,
-per-layer-kind factors, per-unit call overheads, backward ratios and memory streams (activations
-and weights, framework.cluster), every contiguous sub-model
-timed forward + backward (the paper pre-trains on 24 CPU configurations; experiments/
-accept_predictor.py checks the same predictor on timings of this host). A device of the run is
+pool of devices, every contiguous sub-model timed forward + backward. The paper pre-trains on CPUs
+it measured under `taskset` core limits (24 configurations, two of them the CPUs its scenarios
+deploy). With `pool_table` (a profile table measured here, e.g. experiment=accept's
+accept_mobilenetv2_b128: this host's core counts) the pool is made the same way: seeded
+non-linear transforms of those measured columns (accept_data.SyntheticDevice, the devices
+experiments/accept_predictor.py evaluates Figs. 7-8 on). Without it (any other model), analytic
+devices with seeded random rates, per-layer-kind factors, per-unit call overheads, backward
+ratios and memory streams (framework.cluster). A device of the run is
 then known by its hardware vector: the forward + backward times of its 10 representative
-sub-models, measured on it (its time model), and the MLP predicts any sub-model from that.
+sub-models, measured on it (its time model), and the MLP predicts any sub-model from that. The
+central node (`central`, dev0) is not predicted: as in the paper's Eq. 9 (and FTPipeHD), the DP
+prices its stage by its own per-layer profile, summed (notes 2.3, 8.4); the MLP prices the workers
+(Eq. 10).
 
 The predictor is trained for one batch size, the first the planner asks for (its micro-batch);
 a prediction at another (an epoch's short last micro-batch) is scaled as the device's measured
@@ -27,13 +33,16 @@ from pathlib import Path
 
 import numpy as np
 
+from framework import profile_tables
 from framework.cluster import Device, Work
 from framework.config import DeviceConfig
+from framework.errors import ConfigError
 from framework.models import KINDS
 from framework.predictor import Predictor
 from plugins.predictors import accept_data as ad
 from plugins.predictors.accept_mlp import LatencyPredictor
 from plugins.predictors.basic import measure
+from plugins.predictors.profiled import per_unit
 from plugins.predictors.schemas import AcceptConfig  # noqa: F401  (registry.declare)
 
 
@@ -73,6 +82,10 @@ class AcceptPredictor(Predictor):
     def _key(self, batch: int) -> str:
         facts = [[i.name, i.flops, i.params, sorted(i.flops_by_kind.items()), i.act_bytes, i.param_bytes] for i in self.infos]  # what the pool's times depend on
         cfg = {k: self.cfg[k] for k in ("pool", "epochs", "width", "seed", "flops_per_s_range", "kind_factor_range", "max_call_overhead_s", "bytes_per_flop_range")}
+        table = self.cfg.get("pool_table")
+        if table:  # a measured pool depends on the table's numbers, not on the analytic ranges
+            t = profile_tables.load(str(table))
+            cfg = {k: cfg[k] for k in ("pool", "epochs", "width", "seed")} | {"pool_table": [t.name, t.batch, sorted(t.prefix.items())]}
         return hashlib.sha256(json.dumps([facts, batch, cfg, "v2"], default=str).encode()).hexdigest()[:16]  # v2: the file holds the normalisation
 
     def model(self, batch: int) -> LatencyPredictor:
@@ -105,10 +118,27 @@ class AcceptPredictor(Predictor):
         """The pre-training set D: (masks, hardware vectors, seconds), every sub-model of every
         pool device (0.1 s to make: a cached predictor rebuilds it only to fine-tune)."""
         masks = np.stack([ad.mask(self.L, a, b) for a, b in self.subs])
-        pool = [pool_device(int(self.cfg.seed) * 100_003 + i, self.infos, self.cfg) for i in range(int(self.cfg.pool))]
-        times = [np.array([fwd_bwd(d, a, b, batch) for a, b in self.subs]) for d in pool]
+        seeds = [int(self.cfg.seed) * 100_003 + i for i in range(int(self.cfg.pool))]
+        if self.cfg.get("pool_table"):
+            times = self._measured_pool(str(self.cfg.pool_table), seeds, batch)
+        else:
+            pool = [pool_device(seed, self.infos, self.cfg) for seed in seeds]
+            times = [np.array([fwd_bwd(d, a, b, batch) for a, b in self.subs]) for d in pool]
         hs = [np.repeat(np.array([t[self.subs.index(r)] for r in self.reps])[None], len(self.subs), 0) for t in times]
-        return np.concatenate([masks] * len(pool)), np.concatenate(hs), np.concatenate(times)
+        return np.concatenate([masks] * len(times)), np.concatenate(hs), np.concatenate(times)
+
+    def _measured_pool(self, name: str, seeds: list[int], batch: int) -> list[np.ndarray]:
+        """Every sub-model's seconds on devices made, as the paper's D was measured on CPUs under
+        `taskset` core limits, from a profile table measured here (its columns: this host's core
+        counts): each a seeded non-linear transform of one column (accept_data.SyntheticDevice:
+        speed, per-layer-kind factors, a saturation exponent, a launch cost per unit, 1 % noise),
+        standing in for other CPUs. Other batch sizes scale as the table model does (linearly)."""
+        table = profile_tables.load(name)
+        if table.units != self.L:
+            raise ConfigError("predictor.pool_table", f"profile table {name!r} prices {table.units} units, the model has {self.L}")
+        host = {i: np.array([table.iteration_seconds(col, a, b) for a, b in self.subs]) for i, col in enumerate(sorted(table.prefix))}
+        facts = ad.ModelFacts("pool", np.array([[info.flops_by_kind.get(k, 0.0) for k in KINDS] for info in self.infos]))
+        return [ad.SyntheticDevice(seed, facts, host).times() * batch / table.batch for seed in seeds]
 
     # ---- a device of the run -----------------------------------------------------------------
 
@@ -133,7 +163,11 @@ class AcceptPredictor(Predictor):
         """AccEPT's dynamic prediction and adaptive update (notes 2.1): a report off the
         prediction means the device's resources changed, so its hardware vector is measured again
         (its 10 representatives, at its speed at `now`), and the report joins D-hat; from
-        `finetune_min_samples` reports on, the MLP is fine-tuned on D-hat (continual learning)."""
+        `finetune_min_samples` reports on, the MLP is fine-tuned on D-hat (continual learning).
+        The central node, priced by its own profile, is rescaled by its report (FTPipeHD's update)."""
+        if device.name == self.cfg.get("central"):
+            super().observe(device, start, stop, batch, seconds, now)
+            return
         b = self._batch or batch
         h, _ = self._device[(device.name, b)] = self._measure_representatives(device, b, device.speed_factor(now))
         self._reported.append((ad.mask(self.L, start, stop), h, seconds * self._batch_ratio(device, b, batch)))
@@ -147,6 +181,8 @@ class AcceptPredictor(Predictor):
     def estimate(self, device: Device, work: Work) -> float:
         if work.seconds is not None:
             return work.seconds
+        if device.name == self.cfg.get("central"):  # Eq. 9: the central node's own profiled layers, summed
+            return sum(per_unit(device, work))
         if work.kind == "step":  # not the predictor's: the device's whole-model step, by parameters
             whole = measure(device, Work("step", 0, self.L, 0))
             params = sum(i.params for i in self.infos)

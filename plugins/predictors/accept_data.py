@@ -4,9 +4,11 @@
   (the predictor's first stream), `representatives`: the 10 sub-models whose times form a
   device's hardware vector h (sorted by forward FLOPs, indices floor(k(M-1)/9), k = 0..9).
 - `profile_host`: forward+backward time of every sub-model at one batch size on this host under
-  several thread counts (the paper's `taskset` core limits), median of `repeats` after a warm-up.
+  several core counts (the paper's `taskset` core limits): n cores as intra-op data parallelism,
+  one thread's CPU seconds at batch / n (experiments/accept_profile.py says why: two threads
+  cannot be timed on the shared 2-core machine), the minimum of `repeats` after a warm-up.
 - `SyntheticDevice`: a device whose time for a sub-model is a non-linear transform of the host's
-  (the issue's stand-in for the paper's 24 CPU configurations): the host profile of its thread
+  (the issue's stand-in for the paper's 24 CPU configurations): the host profile of its core
   count, per-layer-kind speed factors weighted by the sub-model's FLOP mix, a saturation exponent
   on the host time, a launch overhead per unit and 1 % of multiplicative noise fixed per (device,
   sub-model) (what is left of timing noise after the paper's 100 repeats). Each is seeded: the same seed, the same device.
@@ -18,7 +20,6 @@ kind, so devices, masks and the evaluation are rebuilt from it without timing an
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,33 +71,36 @@ def model_facts(model) -> ModelFacts:
 
 
 def time_submodel(model, a: int, b: int, batch: int, repeats: int) -> float:
-    """Median seconds of forward + backward of units [a, b) on a random batch (input gradient
-    too, as a pipeline stage that returns one)."""
+    """Forward + backward CPU seconds of units [a, b) on a random batch (input gradient too, as a
+    pipeline stage that returns one), one thread: the minimum of `repeats` calls after a warm-up
+    (what other jobs on the machine add only ever adds)."""
     part = model.slice(a, b)
     shape = (batch, *model.infos[a - 1].out_shape) if a > 0 else (batch, *model.input_shape)
     x = torch.randn(shape)
     times = []
     for r in range(repeats + 1):
         xi = x.detach().requires_grad_(a > 0)
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         part(xi).float().sum().backward()
         if r:  # the first is a warm-up
-            times.append(time.perf_counter() - t0)
+            times.append(time.process_time() - t0)
         part.zero_grad(set_to_none=True)
-    return statistics.median(times)
+    return min(times)
 
 
-def profile_host(model, batch: int, threads: list[int], repeats: int, progress=None) -> dict[int, np.ndarray]:
-    """{threads: times[M]} of every sub-model (in `submodels` order) under each thread count."""
+def profile_host(model, batch: int, cores: list[int], repeats: int, progress=None) -> dict[int, np.ndarray]:
+    """{cores: times[M]} of every sub-model (in `submodels` order): n cores each run batch / n
+    samples (rounded), one thread, scaled to exactly batch / n."""
     before = torch.get_num_threads()
     out = {}
     model.train()
     try:
-        for t in threads:
-            torch.set_num_threads(t)
-            out[t] = np.array([time_submodel(model, a, b, batch, repeats) for a, b in submodels(len(model))])
+        torch.set_num_threads(1)
+        for n in cores:
+            b = max(1, round(batch / n))
+            out[n] = np.array([time_submodel(model, a, c, b, repeats) for a, c in submodels(len(model))]) * (batch / n / b)
             if progress:
-                progress(f"profiled {len(out[t])} sub-models with {t} thread(s): {out[t].sum():.1f} s of compute")
+                progress(f"profiled {len(out[n])} sub-models on {n} core(s): {out[n].sum():.1f} s of compute")
     finally:
         torch.set_num_threads(before)
     return out
@@ -118,7 +122,7 @@ class SyntheticDevice:
     def __init__(self, seed: int, facts: ModelFacts, host: dict[int, np.ndarray], noise: float = 0.01):
         rng = np.random.default_rng(seed)
         self.seed = seed
-        self.threads = int(rng.choice(sorted(host)))
+        self.threads = int(rng.choice(sorted(host)))  # its core count (a key of `host`)
         self.speed = float(np.exp(rng.uniform(math.log(0.5), math.log(4.0))))  # x host time
         self.kind_factor = np.exp(rng.uniform(math.log(0.6), math.log(1.7), len(KINDS)))
         self.exponent = float(rng.uniform(0.85, 1.15))  # saturation: small work runs relatively slower (or faster)

@@ -40,6 +40,8 @@ class AcceptConfig(PredictorConfig):
     bytes_per_flop_range: List[float] = field(default_factory=lambda: [0.2, 20.0])
     cache_dir: Optional[str] = "outputs/cache"  # trained weights per model, batch and config; null: train every run
     finetune_min_samples: int = 8  # a re-planning run fine-tunes the MLP on the stages' reported times from this many reports on (notes: 8)
+    pool_table: Optional[str] = None  # pre-train on transforms of this measured profile table's columns (the paper's measured D); null: analytic devices
+    central: Optional[str] = "dev0"  # the central node: its stage is priced by its own per-unit profile (Eq. 9), the MLP prices the workers; null: the MLP everywhere
 
 
 @dataclass
