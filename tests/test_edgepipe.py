@@ -302,6 +302,10 @@ def test_the_edgepipe_preset_is_the_papers_setting(tmp_path):
     plan = json.loads((job.out_dir / "plan.json").read_text())
     assert len(job.scheduler.role_devices()) == 6 and job.scheduler.partition.m_layers == 2
     assert abs(summ["plan"]["mean_prr"] - 0.809) <= 0.01, summ["plan"]  # the calibrated channel (paper: 80.9 %)
+    # the placement's source: the first seed with the paper's mean PRR, not any seed that does
+    from plugins.schedulers.edgepipe_channel import calibrated_topology
+
+    assert cfg.scheduler.prr.topology_seed == calibrated_topology().seed
     assert plan["partition"] and plan["mapping"] and plan["prr"] and plan["messages_per_minibatch"] == 28  # recorded for the timeline and reports
 
 
