@@ -105,3 +105,14 @@ def test_mapping_facts_on_two_placements():
         for cls in ("vertical", "hybrid"):
             assert row[cls]["ga"] <= row[cls]["upper"] + 1e-9 and row[cls]["random"] <= row[cls]["upper"] + 1e-9
         assert not math.isnan(row["mean_prr"])
+
+
+def test_side_groups_are_compared_with_hybrid_on_their_own_placements():
+    res = results(h=(0.70, 0.90))  # Hybrid 70 % on placement 0, 90 % on placement 1
+    for name, acc, tx in (("rtx", 0.75, "data_per_message"), ("ack", 0.80, "packets_per_message")):
+        res["runs"][name] = [record(name, 0, acc)]
+        res["runs"][name][0]["transmissions"][tx] = 2.0
+    c = by_what(all_claims(res))
+    assert c["rtx: test accuracy, %"].ours == pytest.approx(75.0) and c["rtx: transmissions per message"].ours == 2.0
+    order = c["recovery helps: Ours < r-TX < ACK"]
+    assert order.hit and "70.00 < 75.00 < 80.00" in order.ours  # against Hybrid's 70 % there, not its 80 % mean
