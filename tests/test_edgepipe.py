@@ -371,6 +371,10 @@ def test_ack_retransmits_lost_messages_and_counts_its_frames(tmp_path):
         assert all(rec["edgepipe"][k][l] >= lossy["edgepipe"][k][l] for l in lossy["edgepipe"][k]), (k, rec["edgepipe"][k], lossy["edgepipe"][k])
     _, _, rtx = run(tmp_path, base + ["scheduler.recovery=rtx"], "lossy_rtx", prr=prr)
     assert rtx["edgepipe"]["transmissions"]["data_per_message"] == rtx["edgepipe"]["transmissions"]["packets_per_message"] == 2.0
+    # the plan's epoch (Theorem 1's slots x a slot sized for every retry) is the simulated one,
+    # however many retries the lossy links took
+    for summ in (s0, s1, lossy, rec, rtx):
+        assert summ["prediction"]["epoch_over_predicted"] == pytest.approx(1.0, abs=1e-12), summ["prediction"]
 
 
 @pytest.mark.parametrize("predictor", ["oracle", "flops"])
