@@ -33,7 +33,8 @@ partition, the traffic, the cluster's compute beside Table II and the mapping's 
 
 Prints two-sided verdicts (experiments/verdicts.py) for every claim of the notes
 (experiments/edgepipe_claims.py), the planner's predicted epoch beside the simulated one, and
-writes <out>/report.md, results.json, records/ (one JSON per run) and the plots.
+writes <out>/report.md, verdicts.md (the table with the command, for docs/reproductions.md),
+results.json, records/ (one JSON per run) and the plots.
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(res, indent=1))
     figs = plots(res, out)
     (out / "report.md").write_text(report(res, claims, figs, args, s))
+    (out / "verdicts.md").write_text("\n".join(verdict_table(claims, with_command=True)) + "\n")  # for docs/reproductions.md
     print_verdicts("EdgePipe", claims)
     print("planner: simulated / predicted epoch, the furthest placement per configuration")
     for n, p_s, e_s, r in planner_rows(res):
