@@ -302,6 +302,10 @@ def test_the_edgepipe_preset_is_the_papers_setting(tmp_path):
     plan = json.loads((job.out_dir / "plan.json").read_text())
     assert len(job.scheduler.role_devices()) == 6 and job.scheduler.partition.m_layers == 2
     assert abs(summ["plan"]["mean_prr"] - 0.809) <= 0.01, summ["plan"]  # the calibrated channel (paper: 80.9 %)
+    # the placement's source: the first seed with the paper's mean PRR, not any seed that does
+    from plugins.schedulers.edgepipe_channel import calibrated_topology
+
+    assert cfg.scheduler.prr.topology_seed == calibrated_topology().seed
     assert plan["partition"] and plan["mapping"] and plan["prr"] and plan["messages_per_minibatch"] == 28  # recorded for the timeline and reports
 
 
@@ -367,6 +371,10 @@ def test_ack_retransmits_lost_messages_and_counts_its_frames(tmp_path):
         assert all(rec["edgepipe"][k][l] >= lossy["edgepipe"][k][l] for l in lossy["edgepipe"][k]), (k, rec["edgepipe"][k], lossy["edgepipe"][k])
     _, _, rtx = run(tmp_path, base + ["scheduler.recovery=rtx"], "lossy_rtx", prr=prr)
     assert rtx["edgepipe"]["transmissions"]["data_per_message"] == rtx["edgepipe"]["transmissions"]["packets_per_message"] == 2.0
+    # the plan's epoch (Theorem 1's slots x a slot sized for every retry) is the simulated one,
+    # however many retries the lossy links took
+    for summ in (s0, s1, lossy, rec, rtx):
+        assert summ["prediction"]["epoch_over_predicted"] == pytest.approx(1.0, abs=1e-12), summ["prediction"]
 
 
 @pytest.mark.parametrize("predictor", ["oracle", "flops"])

@@ -12,6 +12,7 @@ from framework import wire
 from framework.errors import ConfigError
 from plugins.schedulers import edgepipe_budget as budget
 from plugins.schedulers import edgepipe_channel as channel
+from plugins.schedulers import edgepipe_curve as curve
 from plugins.schedulers import edgepipe_mapping as mapping
 from plugins.schedulers import edgepipe_partition as part
 from plugins.schedulers import edgepipe_recovery as recovery
@@ -87,6 +88,9 @@ def make_plan(sched) -> dict:
         except ValueError as e:
             raise ConfigError("scheduler.budget_min", str(e)) from None
     n_run = extra["budget"]["minibatches"] if extra else n_data
+    ev = curve.plan(sched.cfg, sl["slot_s"], timing.slots_for(p, n_run, pipe), int(sched.ctx.cfg.train.epochs))
+    if ev:
+        extra["eval"] = ev
     return {
         "scheduler": sched.cfg.name,
         "partition": {"class": p.kind, "effective_class": p.effective_class, "sizes": list(p.sizes), "groups": [list(g) for g in p.groups],

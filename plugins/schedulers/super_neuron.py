@@ -38,6 +38,7 @@ from framework.cluster import Work
 from framework.errors import ConfigError
 from framework.scheduler import Role, Scheduler
 from plugins.schedulers import edgepipe_budget as budget
+from plugins.schedulers import edgepipe_curve as curve
 from plugins.schedulers import edgepipe_mapping as mapping
 from plugins.schedulers import edgepipe_plan as plan_mod
 from plugins.schedulers import edgepipe_partition as part
@@ -145,6 +146,7 @@ class SuperNeuron(Scheduler):
             raise ConfigError("scheduler.rtx_copies", f"must be >= 1, got {cfg.rtx_copies}")
         recovery.check(cfg, self.ctx.cfg)
         budget.check(cfg, self.ctx.cfg)
+        curve.check(cfg)
         if int(cfg.lossy_test_passes) < 0:
             raise ConfigError("scheduler.lossy_test_passes", f"must be >= 0, got {cfg.lossy_test_passes}")
         if cfg.prr.source == "given" and not cfg.prr.matrix:
@@ -271,6 +273,8 @@ class SuperNeuron(Scheduler):
         out["metrics"].update({"plan/messages_per_minibatch": pl["messages_per_minibatch"], "plan/predicted_iter_s": pl["predicted_iter_s"],
                                "plan/slot_s": pl["slot_s"], "plan/mean_prr": pl["prr"]["mean_true"], "net/messages_sent": int(sent.sum())})
         lossy = self._lossy_test()
+        if pl.get("eval") and self.final_states:
+            out["summary"]["edgepipe"]["curve"] = self._curve()
         if lossy is not None:
             out["summary"]["edgepipe"]["lossy_test"] = lossy
             for k in ("mean", "std", "min", "frac_below_0.3"):
@@ -281,6 +285,18 @@ class SuperNeuron(Scheduler):
                 out["metrics"][f"edgepipe/{k}/{l}"] = v
         return out
 
+    def test_prr(self, true: np.ndarray | None = None) -> np.ndarray:
+        """PRR between super neurons that a test message sees: the links' true PRR (or `true`, a
+        device-space matrix: the study's Fig. 9(b) tests at other path-loss exponents) under the
+        run's mapping, through the run's recovery."""
+        true = np.array(self._plan["prr"]["true"], dtype=float) if true is None else np.asarray(true, dtype=float)
+        return recovery.delivery_prr(mapping.device_prr_for_super_neurons(true, self.perm), recovery.max_transmissions(self.cfg))
+
+    def trained_layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(W_l, b_l) of the trained model, whole, from the final states."""
+        model = self.eval_model(self.final_states)
+        return [(linear_of(u).weight.detach(), linear_of(u).bias.detach()) for u in model.units]
+
     def _lossy_test(self) -> dict | None:
         """The trained chunks' lossy test passes (edgepipe_eval); None when off or nothing trained."""
         passes = int(self.cfg.lossy_test_passes)
@@ -289,11 +305,17 @@ class SuperNeuron(Scheduler):
         from plugins.schedulers.edgepipe_eval import lossy_test
 
         try:
-            model = self.eval_model(self.final_states)
-            layers = [(linear_of(u).weight.detach(), linear_of(u).bias.detach()) for u in model.units]
-            true = np.array(self._plan["prr"]["true"], dtype=float)
-            sn_prr = recovery.delivery_prr(mapping.device_prr_for_super_neurons(true, self.perm), recovery.max_transmissions(self.cfg))
             x, y = self.ctx.dataset.split("test")
-            return lossy_test(self.partition, layers, x, y, sn_prr, passes, int(self.cfg.lossy_test_seed))
+            return lossy_test(self.partition, self.trained_layers(), x, y, self.test_prr(), passes, int(self.cfg.lossy_test_seed))
         except Exception as e:  # a failed run's report must not hide its own error
+            return {"error": f"{type(e).__name__}: {e}"}
+
+    def _curve(self) -> dict:
+        """Test accuracy over the slot clock from the roles' snapshots (edgepipe_curve)."""
+        try:
+            x, y = self.ctx.dataset.split("test")
+            states = {r: st for r, st in self.final_states.items() if curve.SNAP_SLOTS in st}
+            return curve.curve(self.partition, states, self.trained_layers(), self._plan["eval"], self.slot_s, x, y, self.test_prr(),
+                               int(self.cfg.lossy_test_seed))
+        except Exception as e:  # as the lossy test: the run's report comes first
             return {"error": f"{type(e).__name__}: {e}"}

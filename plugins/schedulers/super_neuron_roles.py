@@ -15,9 +15,8 @@ l >= 2 it holds, of neurons S = [lo, hi), the incoming weights W_l[S, :] and bia
   another's share updates nothing and sends nothing (`share_missing: abort`, the default: the
   paper's all-or-nothing rule, "able to calculate the gradients only if it receives all of the
   losses", applied to the output layer, whose loss needs every logit); `zero_fill` (the notes'
-  proposal) trains on the view with the missing logits zero. Decision: measured over 3 seeds at
-  the 194-minute budget, abort leaves Hybrid where it was (83.42 % against 83.54 %) and takes
-  Horizontal from 53.80 % to 33.66 %, toward the paper's "almost untrained" (12.76 %, derived);
+  proposal) trains on the view with the missing logits zero. The study runs both (an ablation:
+  the choice moves Horizontal far more than Hybrid; docs/reproductions.md);
 - BW_l (l < L): needs the partial products dL/da_l[:, S] of every holder of l + 1 (its own
   included, kept locally); if any is missing it updates nothing and sends nothing (backward
   all-or-nothing; the failure cascades toward the input);
@@ -28,7 +27,8 @@ l >= 2 it holds, of neurons S = [lo, hi), the incoming weights W_l[S, :] and bia
 Messages carry the minibatch id; one that arrives after its slot started is late and dropped.
 With recovery (edgepipe_recovery) a message goes as r-TX's copies or with the link's ACK
 retries. With a time budget (edgepipe_budget) one schedule runs over all its minibatches, across
-data epochs.
+data epochs. With `eval_every_min` the role keeps snapshots of its weights on the plan's slot
+grid (edgepipe_curve) and hands them over with its state.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from framework.scheduler import Role
+from plugins.schedulers.edgepipe_curve import Snapshots
 from plugins.schedulers.super_neuron import linear_of
 
 
@@ -83,11 +84,17 @@ class SuperNeuronRole(Role):
         self.staleness: list[int] = []
         self.stale_log: list[tuple[int, int, int]] = []  # (layer, data id, updates between FW and BW)
         self.data_base = 0
+        self.slot_base = 0  # global slots of the earlier epochs (the snapshot grid counts across them)
+        ev = sched.plan().get("eval")
+        self.snaps = Snapshots(ev["at_slots"]) if ev else None
 
     # ---- state -----------------------------------------------------------------------------
 
     def state(self) -> dict:
-        return {**{f"w{l}": w for l, w in self.W.items()}, **{f"b{l}": b for l, b in self.b.items()}}
+        out = {**{f"w{l}": w for l, w in self.W.items()}, **{f"b{l}": b for l, b in self.b.items()}}
+        if self.snaps is not None and self.W:
+            out.update(self.snaps.state())
+        return out
 
     def stats(self) -> dict:
         return {"sent": dict(self.sent), "fw": self.fw, "bw": self.bw, "staleness": self.staleness, "stale_log": self.stale_log}
@@ -152,6 +159,8 @@ class SuperNeuronRole(Role):
         t0 = ctx.now()
         ops, last = self.sched.ops_of(self.s, len(data))
         for op in ops:
+            if self.snaps is not None:
+                self.snaps.before(self.slot_base + op.slot, self.W, self.b)
             await ctx.sleep_until(t0 + (op.slot - 1) * T)
             x, y = data[op.data - 1]
             gid = self.data_base + op.data
@@ -160,6 +169,9 @@ class SuperNeuronRole(Role):
             else:
                 await self.backward(ctx, op.layer, gid, y, epoch, op.data - 1)
         self.data_base += len(data)
+        self.slot_base += last
+        if self.snaps is not None:
+            self.snaps.through(self.slot_base, self.W, self.b)
         # the epoch ends with its last slot: what is still on its way lands by then, and what
         # came too late is dropped, so nothing is left in flight at the epoch's end
         await ctx.sleep_until(t0 + last * T)

@@ -1,0 +1,148 @@
+"""The EdgePipe study's plots (experiments/edgepipe_study.py), from its results."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from experiments.edgepipe_claims import pct
+from experiments.edgepipe_runs import CONFIGS
+
+MAIN = ("hybrid", "vertical", "horizontal")
+COLOR = {"hybrid": "tab:blue", "vertical": "tab:orange", "horizontal": "tab:green", "model": "tab:red"}
+PAPER = {"hybrid": 80.01, "vertical": 80.01 - 18.05, "horizontal": 80.01 - 67.25, "rtx": 84.62, "ack": 85.97}  # Fig. 9(f), 6(b) (V, Hz derived)
+
+
+def plots(res: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    for fn in (accuracy, placements, sensitivity, cdf, time_to_accuracy):
+        name = fn(res, plt)
+        if name:
+            plt.gcf().savefig(out / name, dpi=110)
+            made.append(name)
+        plt.close("all")
+    return made
+
+
+def accuracy(res: dict, plt) -> str | None:
+    """Every configuration: its accuracy per placement (box), the paper's value (star)."""
+    names = [n for n in CONFIGS if n in res["runs"]]
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    ax.boxplot([pct(n, res) for n in names], whis=(0, 100))
+    ax.set_xticks(range(1, len(names) + 1), [CONFIGS[n].label.replace(" (", "\n(").replace(", ", ",\n") for n in names], fontsize=6.5)
+    shown = False
+    for i, n in enumerate(names, 1):
+        if n in PAPER:
+            ax.plot(i, PAPER[n], "r*", label=None if shown else "paper (Vertical, Horizontal: derived)")
+            shown = True
+    ax.set_ylabel("test accuracy at 194 min (%)\nper placement")
+    ax.set_ylim(0, 100)
+    ax.legend(loc="lower left", fontsize=7)
+    fig.tight_layout()
+    return "accuracy.png"
+
+
+def _order(res: dict) -> list[int]:
+    """Placement indices, worst channel first."""
+    recs = res["runs"]["hybrid"]
+    return sorted(range(len(recs)), key=lambda i: recs[i]["mean_prr"])
+
+
+def placements(res: dict, plt) -> str | None:
+    """Fig. 9(c): each placement's accuracy per allocation (std over test passes as error bar)."""
+    if not all(n in res["runs"] for n in MAIN):
+        return None
+    order = _order(res)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    w = 0.27
+    for j, n in enumerate(MAIN):
+        recs = res["runs"][n]
+        ax.bar([i + (j - 1) * w for i in range(len(order))], [100 * recs[i]["mean"] for i in order], w, yerr=[100 * recs[i]["std"] for i in order],
+               color=COLOR[n], label=CONFIGS[n].label, capsize=2)
+    hy = res["runs"]["hybrid"]
+    ax.set_xticks(range(len(order)), [f"placement {hy[i]['placement']}\n(PRR {100 * hy[i]['mean_prr']:.1f} %)" for i in order], fontsize=7)
+    ax.set_ylabel("test accuracy at 194 min (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("Fig. 9(c): device placements in one 50 x 50 m region", fontsize=9)
+    fig.tight_layout()
+    return "placements.png"
+
+
+def sensitivity(res: dict, plt) -> str | None:
+    """The headline against the channel: (left) per placement, against its mean PRR; (right)
+    trained at exponent 3.1, tested at 2.9-3.7 (Fig. 9(b)), mean over placements with the range."""
+    if not all(n in res["runs"] for n in MAIN):
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    order = _order(res)
+    for n in MAIN:
+        recs = res["runs"][n]
+        a.plot([100 * recs[i]["mean_prr"] for i in order], [100 * recs[i]["mean"] for i in order], "o-", color=COLOR[n], label=CONFIGS[n].label)
+    h, v = res["runs"]["hybrid"], res["runs"]["vertical"]
+    a.plot([100 * h[i]["mean_prr"] for i in order], [100 * (h[i]["mean"] - v[i]["mean"]) for i in order], "k--", label="Hybrid - Vertical (points)")
+    a.axhline(18.05, color="k", lw=0.6, ls=":", label="paper: Hybrid - Vertical 18.05")
+    a.set_xlabel("the placement's mean PRR (%)")
+    a.set_ylabel("test accuracy at 194 min (%)")
+    a.set_title("against the placement", fontsize=9)
+    a.legend(fontsize=6.5)
+    if all("fig9b" in res["runs"][n][0] for n in MAIN):
+        ns = list(res["runs"]["hybrid"][0]["fig9b"])
+        for n in MAIN:
+            recs = res["runs"][n]
+            ys = [[100 * r["fig9b"][e]["mean"] for r in recs] for e in ns]
+            xs = [float(e) for e in ns]
+            b.plot(xs, [statistics.mean(y) for y in ys], "o-", color=COLOR[n], label=CONFIGS[n].label)
+            b.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=COLOR[n], alpha=0.15)
+        prr = [100 * statistics.mean(r["fig9b"][e]["mean_prr"] for r in res["runs"]["hybrid"]) for e in ns]
+        b.set_xticks([float(e) for e in ns], [f"{e}\n({p:.0f} %)" for e, p in zip(ns, prr)], fontsize=7)
+        b.set_xlabel("path-loss exponent at test (mean PRR); trained at 3.1")
+        b.set_title("Fig. 9(b): against the channel at test", fontsize=9)
+        b.set_ylim(0, 100)
+        b.legend(fontsize=6.5)
+    fig.tight_layout()
+    return "sensitivity.png"
+
+
+def cdf(res: dict, plt) -> str | None:
+    """Fig. 6(c): the CDF of the test passes' accuracy, pooled over the placements."""
+    names = [n for n in MAIN + ("model",) if n in res["runs"]]
+    if not names:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for n in names:
+        accs = sorted(100 * a for r in res["runs"][n] for a in (r["at_budget"]["lossy"] if "at_budget" in r else r["lossy"]))
+        ax.step(accs, [(i + 1) / len(accs) for i in range(len(accs))], where="post", label=CONFIGS[n].label, color=COLOR.get(n))
+    ax.set_xlabel("test accuracy (%)")
+    ax.set_ylabel("CDF over test passes and placements")
+    ax.set_xlim(0, 100)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return "cdf.png"
+
+
+def time_to_accuracy(res: dict, plt) -> str | None:
+    """Fig. 7: test accuracy (lossy, mean over a curve point's passes) against simulated time."""
+    names = [n for n in ("hybrid", "model") if n in res["runs"] and "curve" in res["runs"][n][0]]
+    if not names:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for n in names:
+        for k, r in enumerate(res["runs"][n]):
+            c = r["curve"]
+            ax.plot(c["t_min"], [100 * a for a in c["lossy_mean"]], color=COLOR[n], lw=0.8, alpha=0.7,
+                    label=f"{CONFIGS[n].label} (one line per placement)" if k == 0 else None)
+    ax.axhline(80, color="k", lw=0.6, ls=":")
+    ax.axvline(res["settings"]["budget_min"], color="grey", lw=0.6, ls="--", label="the budget")
+    ax.set_xlabel("simulated training time (min)")
+    ax.set_ylabel("test accuracy, lossy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("Fig. 7: time to 80 % (paper: Model 2.47x Hybrid's)", fontsize=9)
+    fig.tight_layout()
+    return "time_to_accuracy.png"
