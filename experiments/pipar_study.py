@@ -2,7 +2,8 @@
 
     python experiments/pipar_study.py                  # everything but accuracy (~20 min on 2 idle cores)
     python experiments/pipar_study.py --quick          # K = 4 and 25 instead of 100, fewer sweep points (~3 min)
-    python experiments/pipar_study.py --only accuracy  # the slow part: FL, SFL, PiPar on real Fashion-MNIST
+    python experiments/pipar_study.py --accuracy       # the full form: everything, with the slow accuracy part (FL, SFL, PiPar on real Fashion-MNIST)
+    python experiments/pipar_study.py --only accuracy  # the accuracy part alone
     python experiments/pipar_study.py --only speed --only selection   # parts: speed, selection, sensitivity, dp, accuracy, scale
 
 The paper's testbed is K = 100 Raspberry Pi 3Bs and one 8-core i7 server (Sec. V-A): the
@@ -302,12 +303,13 @@ def main() -> None:
     ap.add_argument("--out", default="outputs/pipar_study")
     ap.add_argument("--quick", action="store_true", help="K = 4 and 25 instead of 100, fewer sweep points")
     ap.add_argument("--only", choices=["speed", "models", "batch", "reselection", "selection", "sensitivity", "dp", "accuracy", "scale"], action="append")
+    ap.add_argument("--accuracy", action="store_true", help="also run the accuracy part (slow: real Fashion-MNIST, about 10 minutes)")
     ap.add_argument("--epochs", type=int, default=10, help="accuracy epochs (default 10, the notes' AC6)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     k_paper = 25 if args.quick else PAPER_K
-    parts = args.only or ["speed", "models", "batch", "reselection", "selection", "sensitivity", "dp", "scale"]
+    parts = args.only or ["speed", "models", "batch", "reselection", "selection", "sensitivity", "dp", "scale"] + (["accuracy"] if args.accuracy else [])
     results: dict = {"k_paper": k_paper}
     t0 = time.perf_counter()
     if "speed" in parts:

@@ -37,8 +37,8 @@ def predicted_epoch_s(sched, devices: list[str], bounds, memo: dict | None = Non
         return comp.codec_estimate(kind, tag, x) or 0.0  # a measured codec time is not predicted
 
     def priced(s: int, op: str, key, n: int) -> pt.Action:
-        """The action's device seconds (decoding what it received, computing, encoding what it
-        sends) and its message's link seconds."""
+        """The action's device seconds (computing, encoding what it sends), its message's link
+        seconds and the receiver's decoding of it (charged on arrival, as the simulator does)."""
         a, b = bounds[s]
         k = (s, a, b, op, n)  # stage s's device and neighbours are fixed by `devices`
         if k not in memo:
@@ -48,17 +48,16 @@ def predicted_epoch_s(sched, devices: list[str], bounds, memo: dict | None = Non
                 secs = pred.predict(dev[s], Work("fwd" if op == "F" else "bwd", a, b, n))
                 fwd = op == "F"
                 tag = comp.forward_tag if fwd else comp.backward_tag
-                # to and from whom it sends and receives, and the boundary unit of each message
-                to, sent, frm, came = (s + 1, b, s - 1, a) if fwd else (s - 1, a, s + 1, b)
-                if 0 <= frm < S and cl.link(devices[frm], devices[s]) is not None:
-                    secs += codec("decode", tag, boundary(ctx, came, n))
+                # to whom it sends, and the boundary unit of its message
+                to, sent = (s + 1, b) if fwd else (s - 1, a)
                 link = cl.link(devices[s], devices[to]) if 0 <= to < S else None
-                send = 0.0
+                send = recv = 0.0
                 if link is not None:
                     x = boundary(ctx, sent, n)
                     secs += codec("encode", tag, x)
                     send = link.tx_time(comp.packet_bytes(x, tag=tag), 0.0)
-                memo[k] = (secs, send)
+                    recv = codec("decode", tag, x)
+                memo[k] = (secs, send, recv)
         return pt.Action(op, key, *memo[k])
 
     N, B = len(ctx.dataset.x_train), int(ctx.cfg.train.batch_size)

@@ -228,10 +228,12 @@ def test_ftpipehds_ratio_misses_layers_whose_core_count_speed_up_differs(tmp_pat
 
 
 @pytest.mark.parametrize("scenario", ["accept_s1", "accept_s2"])
-def test_ftpipehds_plan_is_slower_than_the_exact_one_at_4_mbit(tmp_path, scenario):
-    """At 4 Mbit/s compute decides the plan: the DP on FTPipeHD's ratio (predictor=capacity)
-    misplaces a cut, and its simulated epoch is more than 5 % longer than the DP's on exact
-    costs (measured: 1.12x and 1.14x, Table 5's LP column)."""
+def test_ftpipehds_ratio_plans_the_exact_cuts_at_4_mbit(tmp_path, scenario):
+    """At 4 Mbit/s compute decides the plan. Under the measured presets (per-unit profiles of one
+    host, per-core CPU speeds) FTPipeHD's one ratio per worker misses single layers by up to
+    45-61 %, but the DP on it (predictor=capacity) lands on the cuts of the DP on exact costs, so
+    the two epochs are equal: the reason Table 5's LP column (1.05-1.48x) is not reproduced
+    (docs/reproductions.md, AccEPT). A preset change that moves this moves that finding."""
     from framework.job import Job
 
     times, cuts = {}, {}
@@ -240,8 +242,8 @@ def test_ftpipehds_plan_is_slower_than_the_exact_one_at_4_mbit(tmp_path, scenari
                                "compressor=none", "cluster.link.bandwidth_bps=4e6", f"predictor={p}"]), tmp_path / p)
         job.run()
         times[p], cuts[p] = job.virtual_time, [s["units"] for s in job.scheduler.plan()["stages"]]
-    assert cuts["capacity"] != cuts["oracle"]
-    assert times["capacity"] > 1.05 * times["oracle"], times
+    assert cuts["capacity"] == cuts["oracle"]
+    assert times["capacity"] == pytest.approx(times["oracle"], rel=1e-9), times
 
 
 @pytest.mark.slow  # pre-trains the AccEPT predictor once (minutes) and plays 8 epochs of 40 mini-batches

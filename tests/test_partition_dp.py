@@ -87,11 +87,15 @@ def test_dp_prices_what_the_compressor_sends(tmp_path):
 
 @pytest.mark.parametrize("overrides,tol", [([], 1e-9), (["scheduler=1f1b"], 1e-9), (["scheduler=pipedream"], 1e-9),
                                            (["cluster=uniform", "cluster.num_devices=4", "model=vgg5", "dataset=synthetic_cifar10", "train.iterations_per_epoch=5"], 1e-9),
-                                           (["compressor=mbq", "scheduler=1f1b"], 0.05)], ids=["gpipe", "1f1b", "pipedream", "vgg5-4", "1f1b-mbq"])
+                                           (["compressor=mbq", "scheduler=1f1b"], 1e-9), (["compressor=mbq", "scheduler=gpipe"], 1e-9),
+                                           (["compressor=mbq", "scheduler=pipedream"], 0.01),
+                                           (["compressor=mbq", "cluster=uniform", "cluster.num_devices=4", "model=vgg5", "dataset=synthetic_cifar10", "train.iterations_per_epoch=5"], 0.02)],
+                         ids=["gpipe", "1f1b", "pipedream", "vgg5-4", "1f1b-mbq", "gpipe-mbq", "pipedream-mbq", "vgg5-4-mbq"])
 def test_the_plans_predicted_epoch_is_the_simulated_one(tmp_path, overrides, tol):
     """predictor=oracle (the default): the plan's predicted epoch (its actions played out on the
-    predicted costs, framework.pipeline_time) equals the simulated epoch; with a codec's
-    modelled time, within 5%."""
+    predicted costs, framework.pipeline_time) equals the simulated epoch, a codec's decoding
+    charged on arrival as the simulator does (measured: 1F1B and GPipe exact, PipeDream 0.25 %
+    and four VGG-5 stages 1.0 % short, where decodings and computations tie in another order)."""
     job = Job(compose_cfg(["tracking=none", "runtime.numerics=false", "train.epochs=1"] + overrides), tmp_path / "run")
     job.run()
     simulated = json.loads((job.out_dir / "summary.json").read_text())["virtual_time_s"]

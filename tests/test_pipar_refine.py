@@ -177,13 +177,13 @@ def test_max_trials_caps_the_search():
 
 
 def test_refine_on_a_real_timing_only_job(tmp_path):
-    """VGG-5 on the 4G testbed with a 10 ms per-call overhead on every device computation: the
+    """VGG-5 on the 4G testbed with a 20 ms per-call overhead on every device computation: the
     linear estimate underprices small micro-batches, the closed form's N is far off, and
     refine finds the exhaustive optimum at a few percent of its cost."""
     from framework.job import Job
     from plugins.schedulers.pipar_search import exhaustive, trial_iteration
 
-    job = Job(compose_cfg(["scheduler=pipar", "scheduler.select=paper", "runtime.numerics=false", "model=vgg5", "dataset=synthetic_mnist", "dataset.n_train=2000", "train.batch_size=50", "cluster=pipar_4g", "cluster.device.call_overhead_s=0.01"]), tmp_path)
+    job = Job(compose_cfg(["scheduler=pipar", "scheduler.select=paper", "runtime.numerics=false", "model=vgg5", "dataset=synthetic_mnist", "dataset.n_train=2000", "train.batch_size=50", "cluster=pipar_4g", "cluster.device.call_overhead_s=0.02"]), tmp_path)
     plan = job.scheduler.planner  # the scheduler's (P, N) planning part
     k, n = 0, len(plan.shards[0])
     opt, trials = exhaustive(plan, k, plan.p_range())
@@ -205,7 +205,7 @@ def test_select_refine_from_the_config_plans_and_runs(tmp_path):
     from framework.job import Job
 
     ov = ["scheduler=pipar", "runtime.numerics=false", "model=vgg5", "dataset=synthetic_mnist", "dataset.n_train=2000", "train.batch_size=50",
-          "cluster=pipar_4g", "cluster.num_devices=2", "cluster.device.call_overhead_s=0.002", "train.epochs=1"]
+          "cluster=pipar_4g", "cluster.num_devices=2", "cluster.device.call_overhead_s=0.01", "train.epochs=1"]
     paper = Job(compose_cfg(ov + ["scheduler.select=paper"]), tmp_path / "paper")
     auto = Job(compose_cfg(ov), tmp_path / "auto")
     job = Job(compose_cfg(ov + ["scheduler.select=refine"]), tmp_path / "refine")

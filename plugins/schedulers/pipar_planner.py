@@ -244,7 +244,7 @@ class Planner:
                 t += self.ctx.predictor.predict(cl.device(dev), Work("step", 0, p.P))
             up = cl.link(dev, SERVER)
             arrive.append(t + up.tx_time(self.model_bytes("model", 0, p.P, True), 0.0) + up.cfg.latency_s)
-        agg = len(plans) * srv.time(Work("step", 0, self.Q))
+        agg = len(plans) * self.ctx.predictor.predict(srv, Work("step", 0, self.Q))
         flag = self._est_compressor.encode({"x": torch.empty(1, dtype=torch.int64, device="meta")}, src="est", dst="est", tag="round")[1]
         down = max(cl.link(SERVER, self.devices[k]).tx_time(flag, 0.0) + cl.link(SERVER, self.devices[k]).tx_time(self.model_bytes("global", 0, p.P, False), 0.0)
                    + cl.link(SERVER, self.devices[k]).cfg.latency_s for k, p in enumerate(plans))
