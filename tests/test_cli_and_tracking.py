@@ -213,6 +213,7 @@ def test_ctrl_c_marks_the_run_failed_and_keeps_outputs(tmp_path, mlflow_store):
     json.loads((tmp_path / "run" / "timeline.json").read_text())
 
 
+@pytest.mark.slow  # a CLI sweep into a store (about 11 s)
 def test_a_sweep_is_comparable_in_the_store(tmp_path, mlflow_store):
     """A 3-job sweep over the link bandwidth: each child carries the swept param with its value,
     no param twice under two names, distinct names; the parent holds the common params, the best

@@ -54,7 +54,10 @@ CASES = {
     "super_neuron": {"super_neuron": EDGEPIPE},
 }
 COMPRESSORS = ["mbq", "uniform", "uniform_stochastic", "fp16", "onebit_ef", "minmax_ef"]
-RUNS = [pytest.param(overrides, id=case) for cases in CASES.values() for case, overrides in cases.items()]
+# the fast suite runs one case per family (the classic pipeline, the collaborative schedulers,
+# AdaLearner, feature replay, EdgePipe); `-m slow` every case
+FAST = {"fl", "gpipe", "adalearner-onebit", "feature_replay", "super_neuron"}
+RUNS = [pytest.param(overrides, id=case, marks=() if case in FAST else pytest.mark.slow) for cases in CASES.values() for case, overrides in cases.items()]
 RUNS += [pytest.param(SPLIT + ["scheduler=pipar", f"compressor={c}"], id=f"pipar-{c}", marks=pytest.mark.slow) for c in COMPRESSORS]
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

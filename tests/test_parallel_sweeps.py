@@ -95,6 +95,7 @@ def overlapping(children) -> bool:
 # joblib: parallel local processes, one SQLite store
 
 
+@pytest.mark.slow  # starts a sweep of parallel processes (about 25 s)
 def test_joblib_sweep_runs_jobs_in_parallel_processes_into_one_sqlite_store(tmp_path, mlflow_store):
     """4 jobs over 2 worker processes (joblib's default on 2 cores; the slow tests run 4 and 8 at
     once): every job's run, folder and artifacts, and jobs really overlapping in time."""
@@ -125,6 +126,7 @@ def test_eight_jobs_at_once_writing_every_metric_on_its_own_lose_nothing(tmp_pat
     assert overlapping(children)
 
 
+@pytest.mark.slow  # many processes opening one store (about 15 s)
 def test_processes_opening_a_fresh_sqlite_store_at_once_all_succeed(tmp_path):
     """MLflow creates a fresh store's tables on first access; 3 or 4 processes doing that at the
     same moment all failed but one or none ("table experiments already exists", "duplicate column

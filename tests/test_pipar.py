@@ -312,6 +312,7 @@ def test_bad_collaborative_configs_name_the_key(tmp_path, overrides, key):
     assert e.value.key == key
 
 
+@pytest.mark.slow  # two VGG-5 runs with numerics (about 13 s)
 def test_mbq_uploads_fewer_bytes_and_shortens_the_epoch_on_4g(tmp_path):
     out = {}
     for c in ("none", "mbq"):

@@ -122,6 +122,7 @@ def test_report_of_the_experiment_matches_the_folder(sweep):
         assert len(rec.history["val/acc"]) == 2 and set(rec.links) == {"dev0->dev1", "dev1->dev0"}
 
 
+@pytest.mark.slow  # several CLI runs and a report (about 11 s)
 def test_report_of_runs_without_a_sweep(tmp_path, mlflow_store):
     """The fast variant of the sweep tests: four runs made in-process (no CLI start-up), in one
     folder and as top-level MLflow runs. With no sweep to name its keys, the columns are the

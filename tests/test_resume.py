@@ -256,6 +256,7 @@ def test_resume_errors_name_the_key(tmp_path):
         _job(["train.epochs=2", "train.lr=0.01"], tmp_path / "x", resume=tmp_path / "done")
 
 
+@pytest.mark.slow  # two CLI processes against one store (about 18 s); the in-process resume tests stay fast
 def test_cli_resume_continues_the_same_mlflow_run(tmp_path, mlflow_store):
     tracking, client = mlflow_store
     tiny = ["model=mlp", "train.iterations_per_epoch=3", "dataset.n_train=256", "dataset.n_val=64", "dataset.n_test=64", "runtime.progress=false"]

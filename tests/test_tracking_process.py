@@ -37,6 +37,7 @@ def _record(client, run):
     return {"status": run.info.status, "params": run.data.params, "metrics": metrics, "tags": tags, "inputs": inputs, "artifacts": artifacts()}
 
 
+@pytest.mark.slow  # two full runs against two stores (about 16 s)
 def test_the_recorder_writes_what_the_in_process_tracker_writes(tmp_path, mlflow_store):
     tracking, client = mlflow_store
     args = tracking + TINY + ["scheduler=gpipe", "train.epochs=2"]
