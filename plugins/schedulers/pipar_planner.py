@@ -86,6 +86,7 @@ class Planner:
         self._est_compressor = ctx.new_compressor()
         self._packet_cache: dict = {}
         self._srv_prof = None
+        self._shares: dict | None = None  # device signature -> its server share, once devices differ
         self._lay = None  # the model's flat layout, for pricing FedAvg's messages
         self.trial_cost = 0.0  # virtual seconds of trial iterations run by exhaustive/refine
 
@@ -131,7 +132,7 @@ class Planner:
             def price(side, kind, a, b, batch):
                 return pred.predict(sides[side], Work(kind, a, b, batch if kind != "step" else 0))
 
-            extra = {"price": price, "server_share": self.server_share(), "serial_peers": self.K - 1 if self.serial_server and self.kind != "sl" else 0}
+            extra = {"price": price, "server_share": self.server_share(k), "serial_peers": self.K - 1 if self.serial_server and self.kind != "sl" else 0}
         return plan_mod.PairModel(dev, self.server_profile(), self.Q, up.bandwidth_at(now), down.bandwidth_at(now), up.cfg.latency_s, down.cfg.latency_s, self.packet_bytes, self.codec_seconds,
                                   **extra)
 
@@ -149,10 +150,34 @@ class Planner:
             return 0
         return 1 if self.serial_server else self.K
 
-    def server_share(self) -> float:
+    def server_share(self, k: int | None = None) -> float:
         """How many times longer a server-side computation takes than alone: K replicas on C
-        cores each get C / K of a core once K > C (processor sharing)."""
+        cores each get C / K of a core once K > C (processor sharing). Devices that differ
+        (`_shared_by_groups`) get their group's share; identical devices stay in step, all
+        replicas busy at once."""
+        if k is not None and self._shares is not None:
+            return self._shares[self._signature(k)]
         return max(1.0, self.busy_replicas() / self.server_cores())
+
+    def _shared_by_groups(self, groups: dict, plans: dict) -> dict:
+        """Each group's server share when devices differ: a group's own replicas compute in
+        step (all at once), another group's only for the part of this group's epoch its
+        replicas are busy at the server (their server seconds over this group's epoch; a fast
+        group that has finished no longer competes). `groups`: signature -> device indices;
+        `plans`: signature -> its DevicePlan under the current shares."""
+        busy, span = {}, {}
+        for sig, ks in groups.items():
+            k, p = ks[0], plans[sig]
+            span[sig] = p.predicted_epoch_s
+            if p.P >= self.Q:
+                busy[sig] = 0.0
+                continue
+            model = self.pair_model(k, 0.0, "auto")
+            c = plan_mod.candidate(model, p.P, p.N, self.B, len(self.shards[k]), self.cfg.estimator)
+            busy[sig] = c.iterations * (p.N * (c.times.fs + c.times.bs) + c.times.step_s)  # stretched, as the run takes it
+        cores = self.server_cores()
+        return {g: max(1.0, (len(groups[g]) + sum(len(groups[h]) * min(1.0, busy[h] / span[g]) for h in groups if h != g and span[g] > 0)) / cores)
+                for g in groups}
 
     def server_profile(self) -> plan_mod.SideProfile:
         if self._srv_prof is None:
@@ -168,13 +193,17 @@ class Planner:
         return (repr(cl.device(self.devices[k]).cfg), repr(up.cfg), repr(down.cfg), len(self.shards[k]))
 
     def choose_plans(self) -> list[DevicePlan]:
-        plans, memo = [], {}
+        groups: dict = {}
         for k in range(self.K):
-            sig = self._signature(k)
-            if sig not in memo:
-                memo[sig] = self.choose_plan(k)
-            plans.append(memo[sig])
-        return plans
+            groups.setdefault(self._signature(k), []).append(k)
+        memo = {sig: self.choose_plan(ks[0]) for sig, ks in groups.items()}
+        if len(groups) > 1 and self.busy_replicas() > self.server_cores() and self.cfg.select in ("auto", "paper"):
+            # devices that differ are not in step: each group's share from the others' busy
+            # time, and the plans again under it (a few rounds settle it)
+            for _ in range(3):
+                self._shares = self._shared_by_groups(groups, memo)
+                memo = {sig: self.choose_plan(ks[0]) for sig, ks in groups.items()}
+        return [memo[self._signature(k)] for k in range(self.K)]
 
     def choose_plan(self, k: int, now: float = 0.0, method: str | None = None) -> DevicePlan:
         P, N = self.fixed_plan()
