@@ -4,6 +4,7 @@
     python experiments/pipar_study.py --quick          # K = 4 and 25 instead of 100, fewer sweep points (~3 min)
     python experiments/pipar_study.py --accuracy       # the full form: everything, with the slow accuracy part (FL, SFL, PiPar on real Fashion-MNIST)
     python experiments/pipar_study.py --only accuracy  # the accuracy part alone
+    python experiments/pipar_study.py --reuse          # everything else again, the last run's accuracy part kept
     python experiments/pipar_study.py --only speed --only selection   # parts: speed, selection, sensitivity, dp, accuracy, scale
 
 The paper's testbed is K = 100 Raspberry Pi 3Bs and one 8-core i7 server (Sec. V-A): the
@@ -305,12 +306,18 @@ def main() -> None:
     ap.add_argument("--only", choices=["speed", "models", "batch", "reselection", "selection", "sensitivity", "dp", "accuracy", "scale"], action="append")
     ap.add_argument("--accuracy", action="store_true", help="also run the accuracy part (slow: real Fashion-MNIST, about 10 minutes)")
     ap.add_argument("--epochs", type=int, default=10, help="accuracy epochs (default 10, the notes' AC6)")
+    ap.add_argument("--reuse", action="store_true", help="keep the accuracy part of <out>/results.json (the slow one) unless it runs again")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     k_paper = 25 if args.quick else PAPER_K
     parts = args.only or ["speed", "models", "batch", "reselection", "selection", "sensitivity", "dp", "scale"] + (["accuracy"] if args.accuracy else [])
     results: dict = {"k_paper": k_paper}
+    previous = out / "results.json"
+    if args.reuse and "accuracy" not in parts and previous.is_file():
+        acc = json.loads(previous.read_text())["results"].get("accuracy") or {}
+        results["accuracy"] = {tuple(k.split("|")): v for k, v in acc.items()}  # keys ("Fashion-MNIST", scheduler)
+        print(f"reusing the accuracy part of {previous} ({len(acc)} runs)", flush=True)
     t0 = time.perf_counter()
     if "speed" in parts:
         print(f"1. speed and idle at K = {k_paper} and 4; heterogeneous at K = {k_paper}", flush=True)
