@@ -62,7 +62,8 @@ def placements(res: dict, plt) -> str | None:
     w = 0.27
     for j, n in enumerate(MAIN):
         recs = res["runs"][n]
-        ax.bar([i + (j - 1) * w for i in range(len(order))], [100 * recs[i]["mean"] for i in order], w, yerr=[100 * recs[i]["std"] for i in order],
+        at = [(x, i) for x, i in enumerate(order) if i < len(recs)]  # a configuration may run on the first placements only
+        ax.bar([x + (j - 1) * w for x, _ in at], [100 * recs[i]["mean"] for _, i in at], w, yerr=[100 * recs[i]["std"] for _, i in at],
                color=COLOR[n], label=CONFIGS[n].label, capsize=2)
     hy = res["runs"]["hybrid"]
     ax.set_xticks(range(len(order)), [f"placement {hy[i]['placement']}\n(PRR {100 * hy[i]['mean_prr']:.1f} %)" for i in order], fontsize=7)
@@ -83,7 +84,8 @@ def sensitivity(res: dict, plt) -> str | None:
     order = _order(res)
     for n in MAIN:
         recs = res["runs"][n]
-        a.plot([100 * recs[i]["mean_prr"] for i in order], [100 * recs[i]["mean"] for i in order], "o-", color=COLOR[n], label=CONFIGS[n].label)
+        at = [i for i in order if i < len(recs)]  # a configuration may run on the first placements only
+        a.plot([100 * recs[i]["mean_prr"] for i in at], [100 * recs[i]["mean"] for i in at], "o-", color=COLOR[n], label=CONFIGS[n].label)
     h, v = res["runs"]["hybrid"], res["runs"]["vertical"]
     a.plot([100 * h[i]["mean_prr"] for i in order], [100 * (h[i]["mean"] - v[i]["mean"]) for i in order], "k--", label="Hybrid - Vertical (points)")
     a.axhline(18.05, color="k", lw=0.6, ls=":", label="paper: Hybrid - Vertical 18.05")
