@@ -76,6 +76,7 @@ def test_a_sigkilled_run_is_closed_by_its_recorder(tmp_path, mlflow_store):
     assert "time/epoch_virtual_s" in run.data.metrics  # what was sent before the kill is kept
 
 
+@pytest.mark.slow  # a killed process and a second run on its store (about 9 s); the recorder's own close stays fast
 def test_a_sigkilled_run_is_closed_by_the_next_run_on_the_store(tmp_path, mlflow_store):
     """SIGKILL of the run and its recorder (the whole process group): nobody can close the run
     until the next run on the store finds its process gone."""

@@ -467,6 +467,7 @@ FORGED = [b"\xff", struct.pack("<I", 2**32 - 1), _raw(b"{"), _raw(b'{"kind": "it
           _raw(b'{"kind": "error", "traceback": 5}'), _raw(b'{"kind": "built", "x": ' + _deep(100_000).encode() + b"}")]
 
 
+@pytest.mark.slow  # a real run fed malformed control messages (about 10 s); the decoders' fuzzing stays fast
 def test_the_coordinator_counts_malformed_control_messages_and_finishes():
     from framework.runtime.local import LocalConfig, RemoteRuntime
 

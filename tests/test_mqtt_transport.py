@@ -226,6 +226,7 @@ def test_a_broker_restart_loses_no_message_and_reports_no_loss(persistence):
             r_loop.call_soon_threadsafe(r_loop.stop)
 
 
+@pytest.mark.slow  # 64 MiB through a real broker (about 8 s)
 def test_a_64_mib_tensor_crosses_intact_with_bounded_memory(broker, tmp_path):
     """Sender and receiver are separate processes; each reports its peak memory over its
     resting level. Encoding slices one buffer and reassembly writes into one buffer, so each

@@ -73,6 +73,7 @@ def test_batched_replicas_train_as_one_at_a_time(tmp_path, extra, share):
     assert_same_run(alone, batched, rtol=1e-10)
 
 
+@pytest.mark.slow  # two VGG-5 runs (about 9 s); the CPU default, grouped convolutions, stays fast
 def test_convolutions_as_matrix_products_train_as_one_at_a_time(tmp_path, monkeypatch):
     """`runtime.replica_conv=matmul` (the default on a GPU; framework/batched_conv.py): the
     batched forwards' convolutions run as batched matrix products, and the run still equals
