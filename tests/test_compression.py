@@ -170,6 +170,7 @@ def test_mbq_accuracy_table4_claims_at_convergence(tmp_path):
     assert mean["uniform2"] < mean["mbq2"], acc
 
 
+@pytest.mark.slow  # trains twice (about 9 s)
 def test_mbq_beats_uniform_at_two_bits_one_seed(tmp_path):
     """The fast version of the ordering check (one seed, one epoch)."""
     acc = {c: Job(compose_cfg([f"compressor={c}", "train.epochs=1"]), tmp_path / c).run()["metrics"]["val/acc"] for c in ("mbq", "uniform")}

@@ -29,7 +29,8 @@ def run(tmp_path, name, overrides):
     return job, json.loads((job.out_dir / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("seed,recovery", [(0, "ack"), pytest.param(1, "none", marks=pytest.mark.slow), pytest.param(2, "rtx", marks=pytest.mark.slow)])
+# six real processes over MQTT for a whole epoch (about 25 s each): -m slow
+@pytest.mark.parametrize("seed,recovery", [pytest.param(0, "ack", marks=pytest.mark.slow), pytest.param(1, "none", marks=pytest.mark.slow), pytest.param(2, "rtx", marks=pytest.mark.slow)])
 def test_local_processes_lose_and_deliver_exactly_what_the_simulator_does(tmp_path, seed, recovery):
     over = [f"seed={seed}", f"scheduler.recovery={recovery}"]
     sim, s = run(tmp_path, "sim", over)
