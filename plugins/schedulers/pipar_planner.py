@@ -203,7 +203,11 @@ class Planner:
             for _ in range(3):
                 self._shares = self._shared_by_groups(groups, memo)
                 memo = {sig: self.choose_plan(ks[0]) for sig, ks in groups.items()}
-        return [memo[self._signature(k)] for k in range(self.K)]
+        plans: list = [None] * self.K
+        for sig, ks in groups.items():
+            for k in ks:
+                plans[k] = memo[sig]
+        return plans
 
     def choose_plan(self, k: int, now: float = 0.0, method: str | None = None) -> DevicePlan:
         P, N = self.fixed_plan()
