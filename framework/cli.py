@@ -49,7 +49,7 @@ def app(cfg: DictConfig) -> float | None:
         summary = job.run()
     except PipelabError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(e.exit_status)
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (framework.faults)
         from framework import checkpoint, faults
 

@@ -193,6 +193,9 @@ class TrackingConfig:
     metric_floor: MetricFloorConfig = field(default_factory=MetricFloorConfig)  # runs below it are never best
 
 
+NONFINITE_POLICIES = ("fail", "warn", "ignore")  # train.on_nonfinite (framework/nonfinite.py)
+
+
 @dataclass
 class TrainConfig:
     epochs: int = 2
@@ -205,6 +208,7 @@ class TrainConfig:
     eval_batch_size: int = 512
     checkpoint: bool = True  # write <run dir>/checkpoint at every epoch end (runtime=sim)
     resume: Optional[str] = None  # a run directory: continue that run from its last checkpoint
+    on_nonfinite: str = "fail"  # fail | warn | ignore: a NaN/inf loss, parameter or received tensor (framework/nonfinite.py)
 
 
 @dataclass

@@ -4,6 +4,8 @@
 class PipelabError(Exception):
     """Base class of every error pipelab raises on purpose."""
 
+    exit_status = 2  # bad input; an error of a run that started may say otherwise
+
 
 class ConfigError(PipelabError):
     """A config value is wrong. The message names the key, the value and what is allowed."""

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from framework import checkpoint as ck
 from framework.checkpoint_writer import CheckpointWriter
 from framework.errors import ConfigError
+from framework.nonfinite import NonFiniteError
 from framework.long_lived import long_lived
 from framework import registry, torch_device
 from framework.cluster import Cluster
@@ -123,6 +124,7 @@ class Job(RuntimeHooks):
         self.iterations = 0
         self._epoch_start = 0.0
         self._final: dict[str, float] = {}
+        self.failure: dict | None = None  # why the run failed (summary.json `failure`)
         self.tracker = None
         self._progress = None
         self._wall0 = time.perf_counter()
@@ -139,7 +141,9 @@ class Job(RuntimeHooks):
 
     # ---- runtime hooks ------------------------------------------------------------------------
 
-    def on_train(self, loss_sum, correct, n):
+    def on_train(self, loss_sum, correct, n, role=None):
+        # every loss of either runtime passes here as a number (a deferred one, once made)
+        self.runtime.guard.number(loss_sum, "loss", role, self.iterations)
         for acc in (self._train, self._epoch_train):
             acc[0] += loss_sum
             acc[1] += correct
@@ -307,8 +311,9 @@ class Job(RuntimeHooks):
             self._save_model()
             self.checkpoints.wait()  # the last checkpoint written (a failed write fails the run)
             status = "FINISHED"
-        except BaseException:
+        except BaseException as e:
             self.virtual_time = self.runtime.timeline.makespan
+            self.failure = failure_record(e, self.iterations)
             raise
         finally:
             if self._progress is not None:
@@ -420,6 +425,11 @@ class Job(RuntimeHooks):
             "processes": rt.process_stats,
             "mlflow_run_id": None,  # below, once the tracker has it
         }
+        if self.failure is not None:
+            summary["failure"] = self.failure
+            self.tracker.set_tag("pipelab.failure", self.failure["message"][:500])
+        if self.runtime.guard.warned:  # train.on_nonfinite=warn: what was not finite, how often
+            summary["nonfinite"] = self.runtime.guard.summary()
         metrics.update(extra.get("metrics", {}))
         summary.update(extra.get("summary", {}))
         summary["prediction"] = prediction = self._prediction()
@@ -451,6 +461,17 @@ class Job(RuntimeHooks):
             if p.exists():
                 self.tracker.log_artifact(p)
         return summary
+
+
+def failure_record(e: BaseException, iterations: int) -> dict:
+    """What summary.json and MLflow keep of why a run failed: the kind, the one line and, for a
+    non-finite number, where (the role, the iteration: the run's own when the role did not say)."""
+    if isinstance(e, NonFiniteError):
+        e.locate(iteration=iterations)
+        return {**e.where(), "message": str(e)}
+    if isinstance(e, KeyboardInterrupt):
+        return {"kind": "interrupted", "message": f"{type(e).__name__} after {iterations} iterations"}
+    return {"kind": type(e).__name__, "message": str(e)[:2000] or type(e).__name__}
 
 
 def _json_default(o):

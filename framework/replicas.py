@@ -165,6 +165,7 @@ def run_steps(stages: list) -> list:
         took_held = False
         lean_torch.sgd_steps([st.optimizer for st in stages])
     for st in stages:
+        st.check_parameters()
         st.finish_step(clear_grads=not took_held)
     return [None] * len(stages)
 

@@ -17,7 +17,7 @@ that byte counts and timing stay exact (timing-only runs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -25,7 +25,7 @@ from torch import nn
 from torch.func import functional_call
 
 from framework.cluster import Work
-from framework import lean_torch, replicas
+from framework import lean_torch, nonfinite, replicas
 from framework.lean_torch import SGD, optimizers_without_dynamo
 
 
@@ -40,13 +40,16 @@ class OptimizerSettings:
     lr: float
     momentum: float
     weight_decay: float
+    # the run's non-finite checks (framework/nonfinite.py): one Guard for all its stages
+    guard: nonfinite.Guard = field(default_factory=nonfinite.Guard, compare=False)
 
     @classmethod
     def of(cls, train) -> "OptimizerSettings":
         """`train` (the run's `cfg.train`, or settings already read) as settings."""
         if isinstance(train, cls):
             return train
-        return cls(train.optimizer, train.lr, train.momentum, train.weight_decay)
+        # a mapping (cfg.train, a DictConfig); one written by hand may leave the policy out
+        return cls(train.optimizer, train.lr, train.momentum, train.weight_decay, nonfinite.Guard(train.get("on_nonfinite", "fail")))
 
 
 def make_optimizer(params, train) -> torch.optim.Optimizer:
@@ -70,7 +73,9 @@ class Stage:
         self.is_last = stop == len(model)
         self.numerics = numerics
         self.stash = stash
-        self.optimizer = make_optimizer(self.module.parameters(), train) if numerics else None
+        settings = OptimizerSettings.of(train)
+        self.guard = settings.guard
+        self.optimizer = make_optimizer(self.module.parameters(), settings) if numerics else None
         self.out_shape = model.infos[stop - 1].out_shape
         self.in_shape = model.infos[start].in_shape
         self.version = 0  # optimizer steps applied
@@ -144,9 +149,10 @@ class Stage:
                 raise ValueError("the last stage needs targets")
             loss_sum = nn.functional.cross_entropy(y, target, reduction="sum")
             correct = int((y.detach().argmax(1) == target).sum())
+            loss = float(loss_sum.detach())  # checked where it is reported (ctx.report_train)
             self._saved[key] = (x_in, loss_sum * loss_scale, snapshot, self.version)
             self.peak_inflight = max(self.peak_inflight, len(self._saved))
-            return (float(loss_sum.detach()), correct, n)
+            return (loss, correct, n)
         self._saved[key] = (x_in, y, snapshot, self.version)
         self.peak_inflight = max(self.peak_inflight, len(self._saved))
         return y.detach()
@@ -255,7 +261,13 @@ class Stage:
         if self.numerics:
             self.hand_out_gradients()
             self.optimizer.step()
+            self.check_parameters()
         self.finish_step()
+
+    def check_parameters(self) -> None:
+        """After an update, before the gradients go: every parameter finite (framework/nonfinite.py)."""
+        if self.numerics and self.guard.enabled:
+            self.guard.parameters(self.params.items(), f"stage [{self.start}:{self.stop})")
 
     def finish_step(self, clear_grads: bool = True) -> None:
         """What follows the optimizer's update (also after identical replicas' batched update,

@@ -17,7 +17,7 @@ import typing
 from omegaconf import OmegaConf
 
 from framework import registry, validate_numbers
-from framework.config import TrainConfig
+from framework.config import NONFINITE_POLICIES, TrainConfig
 from framework.errors import ConfigError
 
 DTYPES = ("float32", "float64")
@@ -69,6 +69,8 @@ def validate(cfg) -> None:
     t = cfg.train
     if t.optimizer not in OPTIMIZERS:
         raise ConfigError("train.optimizer", f"{t.optimizer!r} is not an optimizer; choices: {', '.join(OPTIMIZERS)}")
+    if t.on_nonfinite not in NONFINITE_POLICIES:
+        raise ConfigError("train.on_nonfinite", f"{t.on_nonfinite!r} is not a choice; choices: {', '.join(NONFINITE_POLICIES)}")
     s = cfg.scheduler
     if s.microbatches > t.batch_size:
         raise ConfigError(

@@ -138,7 +138,7 @@ class Recorder(RuntimeHooks):
     def __init__(self):
         self.calls = []
 
-    def on_train(self, loss_sum, correct, n):
+    def on_train(self, loss_sum, correct, n, role=None):
         self.calls.append(("train", loss_sum, correct, n))
 
     def on_iteration(self, epoch, iteration, samples, now):

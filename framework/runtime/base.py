@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from framework import nonfinite
 from framework.cluster import Work
 from framework.errors import PipelabError
 
@@ -137,7 +138,7 @@ class RuntimeHooks:
 
     def on_iteration(self, epoch: int, iteration: int, samples: int, now: float) -> None: ...
 
-    def on_train(self, loss_sum: float, correct: int, n: int) -> None: ...
+    def on_train(self, loss_sum: float, correct: int, n: int, role: str | None = None) -> None: ...
 
     def on_epoch_end(self, epoch: int, now: float, states: Callable[[], dict[str, dict]]) -> None: ...
 
@@ -164,6 +165,8 @@ class Runtime(ABC):
         self.dropouts: list[dict] = []
         self.process_stats: dict[str, dict] = {}  # real runtimes: each role process's start-up and peak memory
         self.messages_lost = 0
+        # non-finite numbers (framework/nonfinite.py): `prepare` shares the run's guard with its stages
+        self.guard = nonfinite.Guard(run_config.train.on_nonfinite if run_config is not None else "fail")
 
     checkpoints = False  # whether `checkpoint`/`resume` work here (framework.checkpoint)
 
@@ -178,6 +181,7 @@ class Runtime(ABC):
     def prepare(self, scheduler) -> None:
         """Checks that need the scheduler, before the run starts (config errors fail here)."""
         scheduler.check_runtime(self.cfg.name)
+        self.guard = scheduler.ctx.optimizer.guard
 
     @abstractmethod
     def run(self, scheduler) -> float:

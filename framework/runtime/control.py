@@ -33,6 +33,12 @@ def _num(v) -> bool:
     return type(v) is float or _int(v)
 
 
+def _loss(v) -> bool:
+    """A loss: a number, or the name of a non-finite one (JSON has none; train.on_nonfinite=warn
+    or ignore lets a run go on with one)."""
+    return _num(v) or v in ("nan", "inf", "-inf")
+
+
 def _str(v) -> bool:
     return type(v) is str
 
@@ -71,7 +77,7 @@ SCHEMA = {
     # role -> coordinator, on CTL
     "built": {},
     "it": {"epoch": _int, "iteration": _int, "samples": _int, "now": _num},
-    "train": {"loss_sum": _num, "correct": _int, "n": _int},
+    "train": {"loss_sum": _loss, "correct": _int, "n": _int},
     "epoch": {"epoch": _int, "now": _num, "timeline": _intervals},
     "result": {"timeline": _intervals, "stats": _counters, "role_stats": _obj, "process": _obj, "end": _num},
     "error": {"traceback": _str},

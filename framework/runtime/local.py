@@ -38,6 +38,7 @@ import uuid
 from typing import Callable
 
 from framework.errors import ConfigError, WireError
+from framework.nonfinite import NonFiniteError
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.base import Runtime
 from framework.runtime.control import COORDINATOR, CTL, TO_COORDINATOR, ctl_pack, ctl_unpack
@@ -209,6 +210,8 @@ class LocalRuntime(Runtime):
     async def _race(self, coro, failure: asyncio.Future):
         task = asyncio.ensure_future(coro)
         done, _ = await asyncio.wait({task, failure}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done and task.exception() is not None:
+            raise task.exception()  # what a role said went wrong, before the watchdog's "it exited"
         if failure in done:
             task.cancel()
             failure.result()  # raises RoleFailed
@@ -292,7 +295,7 @@ class LocalRuntime(Runtime):
                 elif kind == "it":
                     hooks.on_iteration(h["epoch"], h["iteration"], h["samples"], h["now"])
                 elif kind == "train":
-                    hooks.on_train(h["loss_sum"], h["correct"], h["n"])
+                    hooks.on_train(float(h["loss_sum"]), h["correct"], h["n"], role)  # a non-finite loss comes as its name
                 elif kind == "epoch":
                     self._add_intervals(h["timeline"])
                     epochs.setdefault(h["epoch"], {})[role] = {"now": h["now"], "state": tensors}
@@ -308,7 +311,7 @@ class LocalRuntime(Runtime):
                     self.role_stats[role] = h["role_stats"]
                     self.process_stats[role] = h.get("process", {})
                 elif kind == "error":
-                    raise RoleFailed(f"role {role} failed:\n{h['traceback'].rstrip()}")
+                    raise role_error(role, h)
         finally:
             for p in pumps:
                 p.cancel()
@@ -317,6 +320,18 @@ class LocalRuntime(Runtime):
             self.messages_lost += h["stats"].get("lost", 0)
             self.dropped += h["stats"].get("dropped", 0)
         return max((h["end"] for h in results.values()), default=time.time() - self._t_ref)
+
+
+def role_error(role: str, h: dict) -> Exception:
+    """What a role's `error` message means: its own one line for an error raised on purpose (a
+    non-finite number, a config or data error), else the role's traceback (a bug)."""
+    found = h.get("nonfinite")
+    if type(found) is dict and type(found.get("what")) is str:
+        it = found.get("iteration")
+        return NonFiniteError(found["what"][:300], role=role, iteration=it if type(it) is int else None)
+    if type(h.get("message")) is str:
+        return RoleFailed(f"role {role}: {h['message'][:300]}")
+    return RoleFailed(f"role {role} failed:\n{h['traceback'].rstrip()}")
 
 
 class RemoteRuntime(LocalRuntime):

@@ -113,8 +113,8 @@ class DeferredHooks(RuntimeHooks):
     def on_iteration(self, epoch: int, iteration: int, samples: int, now: float) -> None:
         self._call(self.hooks.on_iteration, (epoch, iteration, samples, now))
 
-    def on_train(self, loss_sum, correct, n) -> None:
-        self._call(self.hooks.on_train, (loss_sum, correct, n))
+    def on_train(self, loss_sum, correct, n, role=None) -> None:
+        self._call(self.hooks.on_train, (loss_sum, correct, n, role))
 
     def on_epoch_end(self, epoch: int, now: float, states) -> None:
         self.flush()  # the epoch's work, and with it the held calls

@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any, Callable
 
 from framework.cluster import Work
+from framework import nonfinite
 from framework.errors import PipelabError, WireError
 from framework.runtime.base import PeerLost, RoleContext, check_retries
 from framework.runtime.control import COORDINATOR, CTL, ctl_pack, ctl_unpack
@@ -31,7 +32,7 @@ class RoleFailed(PipelabError):
 class LocalContext(RoleContext):
     """A role's view of the world in its own process: real clock, real messages."""
 
-    def __init__(self, role: str, role_devices: dict[str, str], cluster, codec, transport, t_ref: float, rt_cfg, role_obj=None):
+    def __init__(self, role: str, role_devices: dict[str, str], cluster, codec, transport, t_ref: float, rt_cfg, role_obj=None, guard=None):
         self.role = role
         self.role_obj = role_obj  # the framework.scheduler.Role this process runs (its state goes out at epoch ends)
         self.role_devices = role_devices  # every role's device: which link a message takes
@@ -53,6 +54,7 @@ class LocalContext(RoleContext):
         self._drained.set()
         self._lost: dict[str, asyncio.Event] = {}
         self.error: BaseException | None = None
+        self.guard = guard or nonfinite.Guard()  # non-finite numbers (framework/nonfinite.py): the run's policy
         transport.on_status(self._on_status)
 
     def _on_status(self, role: str, state: str) -> None:
@@ -80,7 +82,10 @@ class LocalContext(RoleContext):
         self._raise()
         start = self.now()
         t0 = time.perf_counter()
-        result = await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args, **kwargs)) if fn is not None else None
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args, **kwargs)) if fn is not None else None
+        except nonfinite.NonFiniteError as e:
+            raise e.locate(self.role, iteration) from None
         wall = time.perf_counter() - t0
         if self.cfg.emulate_compute:
             extra = self.device.duration(work, start, wall) - wall
@@ -140,7 +145,10 @@ class LocalContext(RoleContext):
                 self.stats["dropped"] += 1  # never executed, only counted
                 continue
             t = packet.tensors
-            return t["x"] if set(t) == {"x"} else t
+            msg = t["x"] if set(t) == {"x"} else t
+            if self.guard.enabled:  # a poisoned peer must not pass as a finished run
+                self.guard.received(msg, f"{tag!r} tensor received from {src}", self.role, packet.iteration)
+            return msg
 
     async def _ctl(self, header: dict, tensors: dict | None = None) -> None:
         await self.t.send(COORDINATOR, CTL, ctl_pack(header, tensors))
@@ -166,7 +174,10 @@ class LocalContext(RoleContext):
         self._spawn_ctl({"kind": "it", "epoch": epoch, "iteration": iteration, "samples": samples, "now": self.now()})
 
     def report_train(self, loss_sum: float, correct: int, n: int) -> None:
-        self._spawn_ctl({"kind": "train", "loss_sum": float(loss_sum), "correct": int(correct), "n": int(n)})
+        loss_sum = float(loss_sum)
+        # JSON has no NaN or infinity: a non-finite loss goes as its name, and the coordinator's
+        # check (the job's, as on the simulator) fails the run or warns, naming this role
+        self._spawn_ctl({"kind": "train", "loss_sum": loss_sum if math.isfinite(loss_sum) else str(loss_sum), "correct": int(correct), "n": int(n)})
 
     def _spawn_ctl(self, header: dict) -> None:
         # progress goes out in call order, through the coordinator's outbox (never link-emulated)
@@ -262,7 +273,7 @@ async def run_role(transport, run_id: str, role: str, build: Callable[[dict, dic
         devices = sched.role_devices()
         await transport.send(COORDINATOR, CTL, ctl_pack({"kind": "built"}))
         start, _ = await _or_lost(recv_ctl(transport, "start", counts, role), coordinator_lost)
-        ctx = LocalContext(role, devices, sctx.cluster, sctx.compressor, transport, start["t_ref"], sctx.cfg.runtime, role_obj)
+        ctx = LocalContext(role, devices, sctx.cluster, sctx.compressor, transport, start["t_ref"], sctx.cfg.runtime, role_obj, sctx.optimizer.guard)
         ctx.counts = counts
         await ctx.sleep_until(0.0)  # the clock's origin: every role starts then
         await _or_lost(role_obj.run(ctx), coordinator_lost)
@@ -279,12 +290,19 @@ async def run_role(transport, run_id: str, role: str, build: Callable[[dict, dic
         return 3
     except BaseException as e:
         tb = "".join(traceback.format_exception(e))
-        print(f"role {role} failed:\n{tb}", file=sys.stderr)
+        report = {"kind": "error", "traceback": tb[-4000:]}
+        if isinstance(e, PipelabError):  # said on purpose: the coordinator prints its one line
+            report["message"] = str(e)[:1000]
+            if isinstance(e, nonfinite.NonFiniteError):
+                report["nonfinite"] = e.where()
         try:
-            await asyncio.wait_for(transport.send(COORDINATOR, CTL, ctl_pack({"kind": "error", "traceback": tb[-4000:]})), 5)
+            await asyncio.wait_for(transport.send(COORDINATOR, CTL, ctl_pack(report)), 5)
             await asyncio.wait_for(transport.close(), 5)
+            told = True
         except BaseException:
-            pass
+            told = False
+        if not told or "message" not in report:  # a bug's traceback, or nobody heard the error
+            print(f"role {role} failed:\n{tb}" if "message" not in report else f"role {role}: error: {report['message']}", file=sys.stderr)
         return 1
     finally:
         if ctx is not None:

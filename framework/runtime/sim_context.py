@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable
 
 from framework.cluster import Work
+from framework.nonfinite import NonFiniteError
 from framework.runtime.base import RoleContext
 from framework.runtime.placeholders import pending_in, resolve
 
@@ -109,6 +110,12 @@ class SimContext(RoleContext):
         await self.rt.loop.sleep_until(t)
 
     async def compute(self, work: Work, fn: Callable | None = None, *args, iteration=-1, microbatch=-1, group=-1, **kwargs) -> Any:
+        try:
+            return await self._compute(work, fn, *args, iteration=iteration, microbatch=microbatch, group=group, **kwargs)
+        except NonFiniteError as e:
+            raise e.locate(self.role, iteration) from None
+
+    async def _compute(self, work: Work, fn: Callable | None = None, *args, iteration=-1, microbatch=-1, group=-1, **kwargs) -> Any:
         rt = self.rt
         queue = rt.device_queues[self.device_name]
         self.waiting_on = ("device", work.kind)
@@ -139,21 +146,23 @@ class SimContext(RoleContext):
     async def recv(self, src: str, tag: str, timeout: float | None = None):
         box = self.rt.mailbox(src, self.role, tag)
         if box.items:
-            return self._usable(box.items.popleft())
+            return self._usable(box.items.popleft(), src, tag)
         fut = self.rt.loop.create_future()
         box.waiters.append(fut)
         self.waiting_on = ("recv", tag, src)
         if timeout is not None:
             timer = self.rt.loop.sleep(timeout)
             timer.add_done_callback(lambda _: fut.done() or fut.set_result(None))
-        return self._usable(await fut)
+        return self._usable(await fut, src, tag)
 
-    def _usable(self, item):
+    def _usable(self, item, src: str, tag: str):
         """A message's placeholders pass on inside deferred_results(); elsewhere the role
         reads values."""
-        if self.deferring or self.rt.deferred is None or not pending_in(item):
-            return item
-        return resolve(item)
+        if not (self.deferring or self.rt.deferred is None or not pending_in(item)):
+            item = resolve(item)
+        if item is not None and self.rt.guard.enabled:  # placeholders are checked where their values are used
+            self.rt.guard.received(item, f"{tag!r} tensor received from {src}", self.role)
+        return item
 
     async def end_epoch(self, epoch: int) -> None:
         self.waiting_on = ("epoch", epoch)
@@ -164,4 +173,4 @@ class SimContext(RoleContext):
         self.rt.hooks.on_iteration(epoch, iteration, samples, self.now())
 
     def report_train(self, loss_sum: float, correct: int, n: int) -> None:
-        self.rt.hooks.on_train(loss_sum, correct, n)
+        self.rt.hooks.on_train(loss_sum, correct, n, self.role)
