@@ -55,6 +55,7 @@ class MultirunParent(Callback):
             return
         self.client, exp_id = client_and_experiment(tcfg)
         self.experiment_id = exp_id
+        faults.reap_orphans(self.client, exp_id)  # a sweep killed with SIGKILL: its parent and children
         note = " ".join(task + [f"{k}={v}" for k, v in space.items()])
         tags = {"pipelab.sweep_dir": str(sweep_dir), "mlflow.note.content": note, **faults.process_tags()}
         run = self.client.create_run(exp_id, run_name=f"sweep {sweep_dir.name}", tags=tags)

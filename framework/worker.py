@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from framework import input_errors, registry
     from framework.cli import CONF_DIR
     from framework.errors import PipelabError
-    from framework.runtime.role_process import run_role
+    from framework.runtime.role_process import TRANSPORT_FAILED_EXIT, run_role
+    from framework.transport import TransportError
 
     role, overrides = parse(sys.argv[1:] if argv is None else argv)
     registry.load_plugins()
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(run_role(network.endpoint(), cfg.runtime.run_id, role, build))
     except PipelabError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return TRANSPORT_FAILED_EXIT if isinstance(e, TransportError) else 2
     except KeyboardInterrupt:
         return 130
 

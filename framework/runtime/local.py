@@ -37,12 +37,12 @@ import time
 import uuid
 from typing import Callable
 
-from framework.errors import ConfigError, WireError
+from framework.errors import ConfigError, PipelabError, WireError
 from framework.nonfinite import NonFiniteError
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.base import Runtime
 from framework.runtime.control import COORDINATOR, CTL, TO_COORDINATOR, ctl_pack, ctl_unpack
-from framework.runtime.role_process import RoleFailed
+from framework.runtime.role_process import TRANSPORT_FAILED_EXIT, RoleFailed
 from framework.transport import Network
 from framework.runtime.configs import LocalConfig, RemoteConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
@@ -145,6 +145,7 @@ class LocalRuntime(Runtime):
         self._live = set(roles)
         self._ended: set[str] = set()  # roles whose result arrived
         goodbyes: set[str] = set()  # roles that closed their transport (status `done`)
+        blamed: set[str] = set()  # roles whose transport failed, waiting for this one's verdict
         self._epochs_done = 0
         self._t_ref = time.time()
 
@@ -152,9 +153,16 @@ class LocalRuntime(Runtime):
             if not failure.done():
                 failure.set_exception(RoleFailed(msg))
 
-        def lose(role: str, how: str) -> None:
+        def lose(role: str, how: str, transport_failed: bool = False) -> None:
             if role not in self._live or role in self._ended:
                 return  # a role that reported its result and said goodbye may drop its connection as it likes
+            if transport_failed and role not in blamed:
+                # the broker went away for good: this process's own connection gives up about
+                # as soon, with the message that names the broker. Blame the role only if that
+                # does not come (its connection alone failed)
+                blamed.add(role)
+                asyncio.get_running_loop().call_later(self.network.give_up_s() + 5.0, lose, role, how)
+                return
             if role not in optional:
                 fail(f"role {role} {how}")
                 return
@@ -223,7 +231,9 @@ class LocalRuntime(Runtime):
                 code = p.poll()
                 if code is not None and code != 0:
                     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                    lose(role, f"(pid {p.pid}) {how}")
+                    if code == TRANSPORT_FAILED_EXIT:
+                        how = f"lost its connection to {self.network.describe()} for good"
+                    lose(role, f"(pid {p.pid}) {how}", code == TRANSPORT_FAILED_EXIT)
             await asyncio.sleep(0.1)
 
     def _add_intervals(self, intervals: list) -> None:
@@ -243,7 +253,11 @@ class LocalRuntime(Runtime):
 
         async def pump(role):
             while True:
-                data = await t.recv(role, CTL)
+                try:
+                    data = await t.recv(role, CTL)
+                except PipelabError as e:  # this process's transport failed (the broker lost for good)
+                    await events.put((role, {"kind": "fault", "error": e}, None))
+                    return
                 try:
                     header, tensors = ctl_unpack(data, TO_COORDINATOR)
                 except WireError as e:  # anyone on the broker can publish one: count it, go on
@@ -312,6 +326,8 @@ class LocalRuntime(Runtime):
                     self.process_stats[role] = h.get("process", {})
                 elif kind == "error":
                     raise role_error(role, h)
+                elif kind == "fault":
+                    raise h["error"]
         finally:
             for p in pumps:
                 p.cancel()

@@ -23,6 +23,12 @@ from framework import nonfinite
 from framework.errors import PipelabError, WireError
 from framework.runtime.base import PeerLost, RoleContext, check_retries
 from framework.runtime.control import COORDINATOR, CTL, ctl_pack, ctl_unpack
+from framework.transport import TransportError
+
+
+# a role's exit status when its transport failed (the broker lost for good): the coordinator then
+# waits for its own transport's verdict, which names the broker, rather than blaming the role
+TRANSPORT_FAILED_EXIT = 4
 
 
 class RoleFailed(PipelabError):
@@ -288,6 +294,8 @@ async def run_role(transport, run_id: str, role: str, build: Callable[[dict, dic
     except _CoordinatorLost:
         print(f"role {role}: the coordinator is gone; stopping", file=sys.stderr)
         return 3
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C reaches every process of the terminal's group:
+        return 130  # the coordinator says what happened, once
     except BaseException as e:
         tb = "".join(traceback.format_exception(e))
         report = {"kind": "error", "traceback": tb[-4000:]}
@@ -303,7 +311,7 @@ async def run_role(transport, run_id: str, role: str, build: Callable[[dict, dic
             told = False
         if not told or "message" not in report:  # a bug's traceback, or nobody heard the error
             print(f"role {role} failed:\n{tb}" if "message" not in report else f"role {role}: error: {report['message']}", file=sys.stderr)
-        return 1
+        return TRANSPORT_FAILED_EXIT if isinstance(e, TransportError) else 1
     finally:
         if ctx is not None:
             ctx.close()
@@ -359,7 +367,12 @@ async def first_or_event(coro, event: asyncio.Event) -> tuple[bool, Any]:
     """(True, coro's result) if it finishes before `event` is set; else (False, None), cancelled."""
     task = asyncio.ensure_future(coro)
     waiter = asyncio.ensure_future(event.wait())
-    done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # Ctrl-C: the role program stops here too, not after its tools are gone
+        task.cancel()
+        waiter.cancel()
+        raise
     if task in done:
         waiter.cancel()
         return True, task.result()

@@ -715,6 +715,9 @@ class MqttNetwork(Network):
     def worker_secret_args(self, role: str) -> list[str]:
         return [f"transport.credentials_file={self.secrets.write_file(role)}"]
 
+    def give_up_s(self) -> float:
+        return float(self.cfg.reconnect_timeout_s)
+
     def describe(self) -> str:
         a = self.address or self.cfg.broker
         return f"MQTT broker {a.host}:{a.port}" + (" (private mosquitto, this run only)" if self.broker else "")
