@@ -22,6 +22,10 @@ repeat back to back (slow drift of the machine's speed cancels within a pair).
     python experiments/bench_sim_overhead.py                 # gpipe, S=4, M=8, vgg5
     python experiments/bench_sim_overhead.py --scheduler 1f1b --model lenet --dataset synthetic_mnist
     python experiments/bench_sim_overhead.py --scheduler pipar --devices 16 --model lenet --dataset synthetic_mnist
+
+`--baseline checks-off` compares two simulated runs instead: the default `train.on_nonfinite=fail`
+(every loss, received tensor and updated parameter checked for NaN/inf, framework/nonfinite.py)
+against `train.on_nonfinite=ignore` (no checks), same schedule and work; the ratio is their cost.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from framework.stage import make_optimizer  # noqa: E402
 COLLABORATIVE = ("pipar", "fl", "sfl")
 
 
-def make_job(args, out_dir) -> Job:
+def make_job(args, out_dir, extra=()) -> Job:
     if args.scheduler in COLLABORATIVE:
         shape = ["cluster=pipar_wifi", f"cluster.num_devices={args.devices}", f"scheduler.P={args.split}", f"scheduler.N={args.microbatches}"]
         shape = shape if args.scheduler != "fl" else shape[:2]
@@ -67,6 +71,7 @@ def make_job(args, out_dir) -> Job:
         "dataset.n_test=256",
         "tracking=none",
         "runtime.progress=false",
+        *extra,
     ]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
@@ -131,6 +136,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--baseline", choices=("plain", "checks-off"), default="plain",
+                    help="plain: a PyTorch loop; checks-off: the same simulated run with train.on_nonfinite=ignore")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -146,16 +153,18 @@ def main() -> None:
             else:
                 plain_loop(job, model, args.microbatches)
 
+        checks_off = args.baseline == "checks-off"
         warm = make_job(args, Path(tmp) / "warm")  # first-touch costs (allocator, kernels) off the clock
-        plain(warm, copy.deepcopy(warm.model))
+        warm.train() if checks_off else plain(warm, copy.deepcopy(warm.model))
         for r in range(args.repeats):
             job = make_job(args, Path(tmp) / f"r{r}")
             model = copy.deepcopy(job.model)
+            unchecked = make_job(args, Path(tmp) / f"u{r}", ["train.on_nonfinite=ignore"]) if checks_off else None
             order = [("plain", None), ("sim", None)] if r % 2 == 0 else [("sim", None), ("plain", None)]
             for which, _ in order:
                 t0 = time.perf_counter()
                 if which == "plain":
-                    plain(job, model)
+                    unchecked.train() if checks_off else plain(job, model)
                     plain_s.append(time.perf_counter() - t0)
                 else:
                     vt = job.train()
@@ -167,10 +176,11 @@ def main() -> None:
         shape = f"S={args.stages}, M={args.microbatches}, {args.iterations} iterations"
     print(f"simulator overhead: {args.scheduler}, {shape}, {args.model} on {args.dataset}, batch {args.batch_size}, torch threads {torch.get_num_threads()}")
     print(f"{'':<24}{'median s':>10}{'best s':>10}   runs (s)")
-    print(f"{'plain PyTorch loop':<24}{p:>10.3f}{min(plain_s):>10.3f}   {', '.join(f'{x:.3f}' for x in plain_s)}")
-    print(f"{'pipelab runtime=sim':<24}{s:>10.3f}{min(sim_s):>10.3f}   {', '.join(f'{x:.3f}' for x in sim_s)}")
+    base, ours = ("sim, checks off", "sim, checks on") if args.baseline == "checks-off" else ("plain PyTorch loop", "pipelab runtime=sim")
+    print(f"{base:<24}{p:>10.3f}{min(plain_s):>10.3f}   {', '.join(f'{x:.3f}' for x in plain_s)}")
+    print(f"{ours:<24}{s:>10.3f}{min(sim_s):>10.3f}   {', '.join(f'{x:.3f}' for x in sim_s)}")
     paired = statistics.median(a / b for a, b in zip(sim_s, plain_s))
-    print(f"ratio sim / plain: {s / p:.3f}x (medians), {paired:.3f}x (paired), {min(sim_s) / min(plain_s):.3f}x (best of each); virtual time of the simulated run {vt:.3f}s")
+    print(f"ratio {ours} / {base}: {s / p:.3f}x (medians), {paired:.3f}x (paired), {min(sim_s) / min(plain_s):.3f}x (best of each); virtual time of the simulated run {vt:.3f}s")
 
 if __name__ == "__main__":
     main()
