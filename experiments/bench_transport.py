@@ -102,7 +102,7 @@ def echo_mqtt(port: int, n_msgs: int, framed: bool) -> None:
 
 def echo_auth_ab(port: int, n_msgs: int) -> None:
     """B of the authentication comparison: echoes on an unauthenticated and an authenticated
-    endpoint at once (its credentials in its environment, as a role process gets them)."""
+    endpoint at once (its credentials from a pipe, as a role process gets them)."""
     from omegaconf import OmegaConf
 
     from plugins.transports import mqtt_credentials
@@ -170,8 +170,11 @@ def gloo_worker(rank: int, port: int, sizes: list[int], reps: list[int], out: st
 # ---- the sending side ---------------------------------------------------------------------
 
 
-def spawn(*args, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, *map(str, args)], cwd=ROOT, env=None if env is None else {**os.environ, **env})
+def spawn(*args, secret: bytes | None = None) -> subprocess.Popen:
+    """This script with `args`; `secret` in a pipe, as runtime=local hands a role its credentials."""
+    from framework import secret_pipe
+
+    return secret_pipe.popen([sys.executable, __file__, *map(str, args)], secret, env=dict(os.environ), cwd=ROOT)
 
 
 AB_BLOCKS = 8  # the authentication comparison alternates its two endpoints this many times per size
@@ -189,7 +192,7 @@ def bench_auth_ab(port: int, mac: str, sizes, reps) -> dict:
 
     secrets = mqtt_credentials.RunSecrets("bench-auth", ["a", "b"], mac, broker_users=False)
     per_block = [max(1, r // AB_BLOCKS) for r in reps]
-    peer = spawn("--echo", "auth-ab", port, sum(1 + AB_BLOCKS * k for k in per_block), env={mqtt_credentials.ENV: secrets.for_role("b").token()})
+    peer = spawn("--echo", "auth-ab", port, sum(1 + AB_BLOCKS * k for k in per_block), secret=secrets.for_role("b").token().encode())
     res = {}
 
     async def main():

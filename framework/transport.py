@@ -145,10 +145,16 @@ class Network(ABC):
 
     The coordinator calls `open(run_id, roles)` (e.g. start a private broker that admits only
     those roles, draw the run's secrets), gives every role process `worker_args()` (the
-    overrides that reach the same network, never a secret) and `worker_env(role)` (its
-    secrets, in the environment; `worker_secret_args(role)` instead for a role started by
-    hand elsewhere), makes its own `endpoint(role)`, and calls `close()` after the run. In a
-    role process, `endpoint()` finds the role's secrets where those put them."""
+    overrides that reach the same network, never a secret) and `worker_secret(role)` (its
+    secrets, as bytes the runtime hands over through an inherited pipe: framework.secret_pipe;
+    `worker_secret_args(role)` instead for a role started by hand elsewhere), makes its own
+    `endpoint(role)`, and calls `close()` after the run. In a role process, `endpoint()` finds
+    the role's secrets where those put them. Role processes do not inherit the variables of
+    this process's environment named in `secret_env`."""
+
+    # environment variables that may hold a secret of the user's (a broker password): a role
+    # process started here gets its secrets from worker_secret, so it does not inherit these
+    secret_env: tuple[str, ...] = ()
 
     @abstractmethod
     def open(self, run_id: str, roles: list[str]) -> None: ...
@@ -162,9 +168,9 @@ class Network(ABC):
     @abstractmethod
     def worker_args(self) -> list[str]: ...
 
-    def worker_env(self, role: str) -> dict[str, str]:
-        """Environment variables that hand `role`'s secrets to a process started here."""
-        return {}
+    def worker_secret(self, role: str) -> bytes | None:
+        """`role`'s secrets for a process started on this machine (None: it needs none)."""
+        return None
 
     def worker_secret_args(self, role: str) -> list[str]:
         """Overrides that tell a role started by hand where its secrets are (no secret itself)."""

@@ -4,6 +4,7 @@ frame can cost. Against a real mosquitto (installed by setup.sh)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import json
 import os
@@ -13,7 +14,6 @@ import shutil
 import socket
 import stat
 import struct
-import subprocess
 import sys
 import textwrap
 import threading
@@ -25,7 +25,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework import wire
+from framework import secret_pipe, wire
 from framework.errors import ConfigError
 from framework.transport import FAULTS, TransportError
 from plugins.transports import mqtt_credentials
@@ -93,8 +93,8 @@ def test_the_private_broker_admits_only_the_run():
         argv = " ".join(run.worker_args())
         creds = run.secrets.for_role("stage0")
         assert "password" not in argv and pw not in argv and "credentials" not in argv
-        token = run.worker_env("stage0")[mqtt_credentials.ENV]
-        assert RoleCredentials.from_token(token, "env") == creds
+        token = run.worker_secret("stage0").decode()
+        assert RoleCredentials.from_token(token, "pipe") == creds
 
         async def main():
             host, port = run.address.host, run.address.port
@@ -186,13 +186,22 @@ def test_a_broker_off_this_machine_without_tls_is_refused_unless_insecure():
         net.open("r1", ["a"])
 
 
-def test_credentials_reach_a_role_only_through_its_environment_or_a_private_file(tmp_path, monkeypatch):
+def test_credentials_reach_a_role_only_through_a_pipe_or_a_private_file(tmp_path, monkeypatch):
     secrets = RunSecrets("r1", ["stage0", "coordinator"], "poly1305", broker_users=True)
     creds = secrets.for_role("stage0")
     assert creds.password not in repr(creds) and "key" not in repr(creds)
-    monkeypatch.setenv(mqtt_credentials.ENV, creds.token())
+    r, w = os.pipe()  # what secret_pipe.popen leaves a role process: a pipe, and its number
+    os.write(w, creds.token().encode())
+    os.close(w)
+    monkeypatch.setenv(secret_pipe.ENV, str(r))
     assert mqtt_credentials.load(None) == creds
-    assert mqtt_credentials.ENV not in os.environ  # read once, then gone from the environment
+    assert secret_pipe.ENV not in os.environ  # read once: the pipe is closed, its number forgotten
+    with pytest.raises(OSError):
+        os.fstat(r)
+    assert mqtt_credentials.load(None) is None
+    monkeypatch.setenv(secret_pipe.ENV, "not a descriptor")
+    with pytest.raises(ConfigError, match=r"cannot read the credentials the coordinator handed over"):
+        mqtt_credentials.load(None)
     path = secrets.write_file("stage0")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert mqtt_credentials.load(str(path)) == creds
@@ -207,6 +216,92 @@ def test_credentials_reach_a_role_only_through_its_environment_or_a_private_file
         asyncio.run(MqttTransport(mqtt_cfg(), BrokerAddress("127.0.0.1", 1), creds).start("r1", "coordinator"))
     secrets.close()
     assert not path.exists() and not path.parent.exists()
+
+
+class _ProcessWatch(threading.Thread):
+    """Reads /proc/<pid>/environ and cmdline of every descendant of this process, every 20 ms,
+    for as long as it runs: what anyone on the machine who may read them (`ps`, the same user
+    for environ) could see of a run's processes."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.seen: dict[int, set[tuple[bytes, bytes]]] = {}
+        self.parent: dict[int, int] = {}
+
+    def _descendants(self) -> list[int]:
+        out, todo = [], [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    kids = [int(k) for k in (task / "children").read_text().split()]
+                except OSError:
+                    continue
+                self.parent.update((k, pid) for k in kids)
+                out += kids
+                todo += kids
+        return out
+
+    def run(self):
+        while not self.stop.is_set():
+            for pid in self._descendants():
+                try:
+                    snap = (Path(f"/proc/{pid}/environ").read_bytes(), Path(f"/proc/{pid}/cmdline").read_bytes())
+                except OSError:  # gone meanwhile
+                    continue
+                self.seen.setdefault(pid, set()).add(snap)
+            time.sleep(0.02)
+
+
+def test_no_secret_of_a_local_run_is_in_any_process_environment_or_command_line(tmp_path, monkeypatch):
+    """A real runtime=local run (the coordinator here, two role processes, its mosquitto): the run
+    key (base64 as in the token, and hex), every role's broker password, the broker's probe
+    password and the user's $PIPELAB_MQTT_PASSWORD appear in no /proc/<pid>/environ or cmdline."""
+    from plugins.transports import mqtt
+
+    drawn, brokers = [], []
+
+    class Recorded(RunSecrets):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            drawn.append(self)
+
+    start = Broker.start
+
+    def recorded_start(self, *a, **kw):
+        brokers.append(self)
+        return start(self, *a, **kw)
+
+    monkeypatch.setattr(mqtt, "RunSecrets", Recorded)
+    monkeypatch.setattr(Broker, "start", recorded_start)
+    monkeypatch.setenv(mqtt_credentials.PASSWORD_ENV, "users-own-broker-password-4f1c")  # for a broker the run does not start
+    watch = _ProcessWatch()
+    watch.start()
+    try:
+        summary, _ = _run_job([*TINY, "tracking=none", "train.iterations_per_epoch=2"], tmp_path / "run")
+    finally:
+        watch.stop.set()
+        watch.join(10)
+    assert summary["status"] == "FINISHED"
+    (run,), (broker,) = drawn, brokers
+    assert set(run.passwords) == {"stage0", "stage1", "coordinator"}
+    run_secrets = [base64.b64encode(run.key), run.key.hex().encode(), run.key.hex().upper().encode(), run.key,
+                   *(p.encode() for p in run.passwords.values()), broker._probe[1].encode()]
+    snaps = [(pid, env, argv) for pid, s in watch.seen.items() for env, argv in s]
+    # the processes the run starts: role processes and the broker, children of the coordinator
+    # (not their own short-lived forks, e.g. a role's subprocess before it execs)
+    started = {pid for pid, env, argv in snaps if watch.parent.get(pid) == os.getpid() and (b"framework.worker" in argv or b"mosquitto" in argv)}
+    roles = {pid for pid, env, argv in snaps if pid in started and b"framework.worker" in argv}
+    assert len(roles) == 2 and len(started) == 3, {(pid, watch.parent.get(pid)): argv[:200] for pid, _, argv in snaps}
+    # the role processes did get their credentials, through the pipe the environment names
+    assert all(any(p == pid and secret_pipe.ENV.encode() in env for p, env, argv in snaps) for pid in roles)
+    snaps.append((os.getpid(), Path("/proc/self/environ").read_bytes(), Path("/proc/self/cmdline").read_bytes()))  # the coordinator
+    # the user's own broker password stays in the coordinator's environment (and whatever it runs
+    # as itself, such as `git`): the run does not copy it into its role processes or its broker
+    leaks = [(pid, where, argv[:200]) for pid, env, argv in snaps for where, text in (("environ", env), ("cmdline", argv))
+             for s in (*run_secrets, *([b"users-own-broker-password-4f1c"] if pid in started else [])) if s in text]
+    assert leaks == []
 
 
 # ---- 2. authenticated frames and statuses ------------------------------------------------------
@@ -298,7 +393,7 @@ def test_the_last_will_is_authenticated_and_reports_a_killed_role(open_broker):
         async def main():
             net = MqttNetwork(OmegaConf.structured(MqttConfig()))
             net.address = BrokerAddress("127.0.0.1", {b.port})
-            t = net.endpoint()  # its credentials from the environment, as a role process's
+            t = net.endpoint()  # its credentials from a pipe, as a role process's
             await t.start("t1", "victim")
             await t.publish_status("ready")
             await asyncio.sleep(3600)
@@ -310,11 +405,11 @@ def test_the_last_will_is_authenticated_and_reports_a_killed_role(open_broker):
         seen = asyncio.Queue()
         watcher.on_status(lambda role, state: seen.put_nowait((role, state)))
         await watcher.start("t1", "coordinator")
-        env = {**os.environ, mqtt_credentials.ENV: secrets.for_role("victim").token()}
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+        proc = secret_pipe.popen([sys.executable, "-c", code], secrets.for_role("victim").token().encode(), env=dict(os.environ))
         try:
             assert await asyncio.wait_for(seen.get(), 60) == ("victim", "ready")
-            assert secrets.for_role("victim").token() not in Path(f"/proc/{proc.pid}/cmdline").read_text()
+            for where in ("cmdline", "environ"):
+                assert base64.b64encode(secrets.key) not in Path(f"/proc/{proc.pid}/{where}").read_bytes()
             proc.kill()
             assert await asyncio.wait_for(seen.get(), 10) == ("victim", "lost")
             assert watcher.stats["dropped"] == 0

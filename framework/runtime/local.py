@@ -37,6 +37,7 @@ import time
 import uuid
 from typing import Callable
 
+from framework import secret_pipe
 from framework.errors import ConfigError, PipelabError, WireError
 from framework.nonfinite import NonFiniteError
 from framework.runtime.allocator import tune_malloc
@@ -106,14 +107,15 @@ class LocalRuntime(Runtime):
         return [self.cfg.python or sys.executable, "-m", "framework.worker", f"role={role}", f"runtime.run_id={self.run_id}", *extra, *self.network.worker_args()]
 
     def _spawn(self, roles) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = {k: v for k, v in os.environ.items() if k not in self.network.secret_env}
+        env["PYTHONUNBUFFERED"] = "1"
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         threads = self.cfg.threads
         if threads:
             env.setdefault("OMP_NUM_THREADS", str(threads))
-        for role in roles:  # each role's secrets in its environment, never on its command line
-            self.procs[role] = subprocess.Popen(self.worker_command(role), env={**env, **self.network.worker_env(role)}, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        for role in roles:  # each role's secrets through a pipe: never in its environment or on its command line
+            self.procs[role] = secret_pipe.popen(self.worker_command(role), self.network.worker_secret(role), env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
 
     def _stop_workers(self, grace_s: float = 0.0) -> None:
         """Wait `grace_s` for role processes to end by themselves, then SIGTERM, then SIGKILL."""

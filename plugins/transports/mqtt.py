@@ -57,8 +57,7 @@ from aiomqtt.exceptions import MqttConnectError
 from framework.errors import ConfigError
 from framework.transport import NAME_RE, Mailboxes, Network, Transport, TransportError, check_name
 from plugins.transports.mqtt_config import BrokerConfig, MqttConfig, check_link, is_loopback, validate_config  # noqa: F401  (re-exported)
-from plugins.transports.mqtt_credentials import ENV as CREDENTIALS_ENV
-from plugins.transports.mqtt_credentials import RoleCredentials, RunSecrets, broker_password, load
+from plugins.transports.mqtt_credentials import PASSWORD_ENV, RoleCredentials, RunSecrets, broker_password, load
 from plugins.transports.mqtt_delivery import ACK_INTERVAL_S, ACK_TAG, LostFilter, Outbox, decode_acks, encode_acks
 from plugins.transports.mqtt_frame import FLAG_MAC, HEADER, MAC_LEN, MAGIC, MAX_COUNTER, VERSION, Authenticator, context, pack_head, pack_status, parse_status
 from plugins.transports.mqtt_reassembly import OK, REPLAYED, Reassembly, layout_ok
@@ -652,6 +651,8 @@ class MqttNetwork(Network):
     """The broker a run's roles meet at: a private mosquitto that admits only the run
     (spawn=auto/always), or a named one; and the run's secrets."""
 
+    secret_env = (PASSWORD_ENV,)  # a role gets the broker password in its token (worker_secret)
+
     def __init__(self, cfg):
         validate_config(cfg)
         self.cfg = cfg
@@ -691,7 +692,7 @@ class MqttNetwork(Network):
             return MqttTransport(self.cfg, self.address, self.secrets.for_role(role))
         creds = load(self.cfg.credentials_file)
         if creds is None:
-            raise ConfigError("transport.credentials_file", f"a role needs its run's credentials: runtime=local hands them over in ${CREDENTIALS_ENV}; "
+            raise ConfigError("transport.credentials_file", "a role needs its run's credentials: runtime=local hands them over through a pipe; "
                               "for runtime=remote the coordinator prints each role's command with transport.credentials_file=<file it wrote>")
         return MqttTransport(self.cfg, self.address, creds)
 
@@ -703,14 +704,14 @@ class MqttNetwork(Network):
         a = self.address or self.cfg.broker
         out = ["transport=mqtt"]
         for k, v in OmegaConf.to_container(self.cfg, resolve=True).items():
-            # secrets travel in worker_env / worker_secret_args, never in a command line
+            # secrets travel in worker_secret / worker_secret_args, never in a command line
             if k not in ("name", "broker", "username", "password", "credentials_file", "mac") and v is not None:
                 out.append(f"transport.{k}={v}")
         host, port = a.host or DEFAULT_HOST, a.port or DEFAULT_PORT
         return out + [f"transport.broker.host={host}", f"transport.broker.port={port}", "transport.broker.spawn=never"]
 
-    def worker_env(self, role: str) -> dict[str, str]:
-        return {CREDENTIALS_ENV: self.secrets.for_role(role).token()}
+    def worker_secret(self, role: str) -> bytes:
+        return self.secrets.for_role(role).token().encode()
 
     def worker_secret_args(self, role: str) -> list[str]:
         return [f"transport.credentials_file={self.secrets.write_file(role)}"]

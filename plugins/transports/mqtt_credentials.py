@@ -3,11 +3,14 @@
 The coordinator draws them once per run (`RunSecrets`): a 256-bit run key (every frame and
 status is authenticated under it, see mqtt_frame.py) and, for the private broker it starts,
 one random password per role. Each role gets its own `RoleCredentials`: the run key, the MAC
-algorithm, and its broker user name and password. They never appear on a command line:
+algorithm, and its broker user name and password. They never appear on a command line or in a
+process's environment:
 
-- `runtime=local` puts them in the role process's environment, `PIPELAB_MQTT_CREDENTIALS`
-  (readable only by the same user, /proc/<pid>/environ is 0400); the role removes the
-  variable from its environment once it read it;
+- `runtime=local` hands each role process its token through an inherited pipe
+  (framework.secret_pipe: `Network.worker_secret`); the role reads it once and closes the
+  pipe. Not the environment: /proc/<pid>/environ shows a process's starting environment for
+  its whole life, whatever it removes from `os.environ` later. Role processes do not inherit
+  `PIPELAB_MQTT_PASSWORD` either (their broker password, if any, is in the token);
 - `runtime=remote` writes one file per role, mode 0600, in a private (0700) directory that is
   deleted when the run ends, and prints `transport.credentials_file=<path>` in that role's
   command: copy the file to the device (`scp`) and keep its mode. A credentials file that
@@ -29,10 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from framework import faults
+from framework import faults, secret_pipe
 from framework.errors import ConfigError
 
-ENV = "PIPELAB_MQTT_CREDENTIALS"
 PASSWORD_ENV = "PIPELAB_MQTT_PASSWORD"
 _VERSION = 1
 
@@ -106,10 +108,14 @@ class RunSecrets:
 
 
 def load(credentials_file: str | None) -> RoleCredentials | None:
-    """This process's credentials: the environment variable (then removed from it), or the file."""
-    token = os.environ.pop(ENV, None)
+    """This process's credentials: the token its parent left in a pipe (runtime=local), or the
+    file (runtime=remote)."""
+    try:
+        token = secret_pipe.take()
+    except (OSError, ValueError) as e:
+        raise ConfigError("transport.credentials_file", f"cannot read the credentials the coordinator handed over (${secret_pipe.ENV}): {e}") from None
     if token is not None:
-        return RoleCredentials.from_token(token, f"${ENV}")
+        return RoleCredentials.from_token(token.decode(errors="replace"), "the coordinator's pipe")
     if not credentials_file:
         return None
     path = Path(credentials_file).expanduser()
