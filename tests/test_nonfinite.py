@@ -172,6 +172,7 @@ def poison_site(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # two role processes and a broker (about 15 s)
 def test_a_role_that_receives_nan_over_mqtt_fails_the_run_naming_itself(tmp_path, poison_site, mlflow_store):
     overrides, client = mlflow_store
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(poison_site), str(REPO)]), OMP_NUM_THREADS="1")
