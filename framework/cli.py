@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework import input_errors, registry, tracking_process
 from framework.config import CONF_DIR, task_overrides, yaml_presets
-from framework.errors import PipelabError
+from framework.errors import CHOICES_MOST, PipelabError, listing, one_line
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -48,7 +48,7 @@ def app(cfg: DictConfig) -> float | None:
             print(f"resuming {out_dir} after epoch {job.resumed_epoch} of {cfg.train.epochs}", file=sys.stderr)
         summary = job.run()
     except PipelabError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (framework.faults)
         from framework import checkpoint, faults
@@ -74,7 +74,7 @@ def app(cfg: DictConfig) -> float | None:
     try:
         objective.require_floor_metric(metrics, cfg.tracking)
     except PipelabError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     if not objective.feasible(metrics, cfg.tracking):
         parts.append(f"below the floor {objective.describe_floor(cfg.tracking)}")
@@ -110,7 +110,7 @@ def check_group_overrides(args: list[str]) -> str | None:
             if option and option != "null" and option not in choices:
                 close = difflib.get_close_matches(option.lower().removesuffix(".yaml"), choices, n=1)
                 hint = f" (did you mean {group}={close[0]}?)" if close else ""
-                return f"{group}={option}: no such {group}{hint}; choices: {', '.join(choices)}"
+                return f"{group}={option}: no such {group}{hint}; choices: {listing(choices, CHOICES_MOST)}"
     return None
 
 
@@ -177,7 +177,7 @@ def _main() -> None:
     except PipelabError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     if "--plugins" in sys.argv[1:]:
         print(registry.describe())
@@ -188,7 +188,7 @@ def _main() -> None:
     # malformed overrides and unknown options: one line, before Hydra starts (framework.input_errors)
     problem = input_errors.override_problem(sys.argv[1:]) or check_group_overrides(sys.argv[1:])
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
+        print(f"error: {one_line(problem)}", file=sys.stderr)
         sys.exit(2)
     # --help lists the user-facing groups (not the schema/* groups the YAML files extend)
     OmegaConf.register_new_resolver("pipelab_groups", lambda: "\n".join(f"{g}: {', '.join(group_choices(g))}" for g in registry.GROUPS + ("experiment",)), replace=True)

@@ -27,6 +27,8 @@ import sys
 import traceback
 import typing
 
+from framework.errors import CHOICES_MOST, listing, one_line
+
 # Hydra's flags that take a value (`--cfg job`): that value is not an override
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
@@ -92,8 +94,8 @@ def _parse_problem(arg: str, key: str, message: str) -> str:
     if "->" in arg:
         return f"{arg}: a link key 'src->dst' cannot be written on the command line (Hydra's override grammar has no '>'); set cluster.links in a cluster preset (conf/cluster/*.yaml), or change every link with cluster.link.<key>=..."
     choices = _group_choices(key.lstrip("+~"))
-    takes = f"; {key.lstrip('+~')} takes one of: {', '.join(choices)}" if choices else ""
-    return f"{arg}: Hydra cannot read this override ({reason}); write key=value, a list as key=[a,b], and quote a value holding spaces or , [ ] {{ }} = as key='...'{takes}"
+    takes = f"; choices: {listing(choices, CHOICES_MOST)}" if choices else ""
+    return f"{arg}: Hydra cannot read this override ({reason}); write key=value or key=[a,b], quoting a value with spaces or , [ ] {{ }} = as key='...'{takes}"
 
 
 # ---- exceptions raised while Hydra composes the config -------------------------------------------
@@ -140,13 +142,15 @@ def _arg_in(text: str, argv: list[str]) -> str | None:
 def _arg_for(key: str, argv: list[str], value=None) -> str | None:
     """The override that sets `key` (or a key under it), as written: the last one, or the last
     whose value reads as `value` (the one Hydra refused)."""
-    found = []
+    found, under = [], []
     for arg in overrides_of(argv):
         k = arg.split("=", 1)[0].lstrip("+~")
         if k == key or key.startswith(k + ".") or key.startswith(k + "["):
             found.append(arg)
+        elif k.startswith(key + "."):  # a key under it: what the user wrote (not a group choice above it)
+            under.append(arg)
     same = [a for a in found if value is not None and "=" in a and a.split("=", 1)[1].strip() in (str(value), repr(value))]
-    return (same or found or [None])[-1]
+    return (same or under or found or [None])[-1]
 
 
 def _yaml(value) -> str:
@@ -229,12 +233,12 @@ def _unknown_key(key: str, parent, argv: list[str]) -> str:
         if where == "cluster.devices":
             return _unknown_device(key, leaf, parent, argv)
         arg = _arg_for(key, argv) or f"{key}=..."
-        return f"{key}: {where} has no entry {leaf!r} (entries: {', '.join(keys) or 'none'}); '+' adds one: +{arg.lstrip('+')}"
+        return f"{key}: {where} has no entry {leaf!r} (entries: {listing(keys) or 'none'}); '+' adds one: +{arg.lstrip('+')}"
     names = [f.name for f in dataclasses.fields(schema)]
     top = key.split(".")[0]
     if not where and top not in names and _group_choices(top):  # `experiment.x`: a group that only sets other groups' keys
         written = next((a.split("=", 1)[0].lstrip("+~") for a in overrides_of(argv) if a.lstrip("+~").split(".")[0] == top), key)
-        return f"{written}: {top} is a config group of presets, not a key; choose one with {top}=<name>; choices: {', '.join(_group_choices(top))}"
+        return f"{written}: {top} is a config group of presets, not a key; choose one with {top}=<name>: {listing(_group_choices(top), CHOICES_MOST)}"
     close = difflib.get_close_matches(leaf, names, n=1)
     group = where if where in registry.GROUPS else None
     option = parent.get("name") if group and "name" in names else None
@@ -250,13 +254,13 @@ def _unknown_key(key: str, parent, argv: list[str]) -> str:
 def _unknown_device(key: str, leaf: str, devices, argv: list[str]) -> str:
     cluster = devices._get_parent()  # OmegaConf has no public way up
     n = int(cluster.num_devices)
-    names = [f"dev{i}" for i in range(n)] + [str(k) for k in devices.keys() if not re.fullmatch(r"dev\d+", str(k)) and not any(c in str(k) for c in "*?[")]
+    names = listing([f"dev{i}" for i in range(n)] + [str(k) for k in devices.keys() if not re.fullmatch(r"dev\d+", str(k)) and not any(c in str(k) for c in "*?[")])
     arg = (_arg_for(key, argv) or f"{key}.slowdown=2").lstrip("+")
     m = re.fullmatch(r"dev(\d+)", leaf)
     if m and int(m.group(1)) < n:
         return f"{key}: this cluster preset sets nothing for {leaf} yet; '+' adds its entry: +{arg}"
     more = f"; a cluster of {int(m.group(1)) + 1} devices is cluster.num_devices={int(m.group(1)) + 1}" if m else ""
-    return f"{key}: no such device; cluster {cluster.get('name')} has {', '.join(names)} (cluster.num_devices={n}){more}; '+' adds a device's entry: +{arg}"
+    return f"{key}: no such device; cluster {cluster.get('name')} has {names} (cluster.num_devices={n}){more}; '+' adds a device's entry: +{arg}"
 
 
 # ---- running the app ----------------------------------------------------------------------------
@@ -277,7 +281,7 @@ def run_app(app, argv: list[str]) -> None:
             traceback.print_exc()
             print("\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", file=sys.stderr)
             sys.exit(1)
-        print(f"error: {line}", file=sys.stderr)
+        print(f"error: {one_line(line)}", file=sys.stderr)
         sys.exit(2)
     finally:
         if not full:
@@ -300,6 +304,11 @@ def check_args(argv: list[str], compose_fn=None) -> str | None:
     `error: `), or None when the run would start: one run's arguments (no -m). Composes the config
     (`compose_fn(overrides)`, by default Hydra's compose API as the CLI composes) and builds the
     job as the CLI does, but starts no tracking run and trains nothing."""
+    line = _check_args(argv, compose_fn)
+    return None if line is None else one_line(line)
+
+
+def _check_args(argv: list[str], compose_fn=None) -> str | None:
     import tempfile
 
     from hydra import compose, initialize_config_dir

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from framework.errors import LINE_MAX
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "docs" / "bad_inputs.md"
@@ -147,6 +148,7 @@ BAD_INPUTS = [
     ([*PIPAR, "scheduler.dp_sigma=nan"], ["scheduler.dp_sigma", "finite", "nan"]),
     ([*PIPAR, "scheduler.failures=[[9,0]]"], ["scheduler.failures[0]", "[9, 0]", "device in 0..3"]),
     (["scheduler=pipar", "cluster=uniform"], ["cluster", "scheduler=pipar needs a device named 'server'", "cluster=pipar_4g"]),
+    (["cluster=uniform", "cluster.num_devices=100000", "scheduler=fl"], ["cluster", "needs a device named 'server'", "dev0..dev99999", "cluster.devices.server"]),
     (["scheduler=fl", "cluster=pipar_4g", "scheduler.aggregate_every=0"], ["scheduler.aggregate_every", ">= 1", "got 0"]),
     (["scheduler=sfl", "cluster=pipar_4g", "scheduler.server_model=both"], ["scheduler.server_model", "'both'", "per_device, shared"]),
     (["scheduler=sl", "cluster=pipar_4g", "scheduler.N=4"], ["scheduler.N", "sl trains one batch at a time"]),
@@ -252,7 +254,31 @@ def test_bad_input_is_one_line_naming_the_key(table, args, needles):
     assert "\n" not in line and "Traceback" not in line, line
     for n in needles:
         assert n in line, (n, line)
+    assert len(f"error: {line}") <= LINE_MAX and "more characters]" not in line, f"a line of {len(line)} characters (or cut by the guard): say less at its source ({line[:80]}...)"
     assert table.get(row_id(args)) == f"error: {line}", f"docs/bad_inputs.md is stale for {row_id(args)!r}: python -m tests.test_bad_inputs --table"
+
+
+def test_every_documented_line_fits_one_line(table):
+    """Each line of docs/bad_inputs.md is at most LINE_MAX characters, said in full at its source
+    (not cut by the guard in framework.errors.one_line)."""
+    assert len(table) == len(BAD_INPUTS)
+    long = {given: len(said) for given, said in table.items() if len(said) > LINE_MAX or "more characters]" in said}
+    assert not long, long
+
+
+def test_long_lists_are_summarised():
+    """A list in a message names runs of numbered names as a range and stops after a few; the
+    guard cuts whatever line is still too long, at a word, and says how much it cut."""
+    from framework.errors import listing, one_line
+
+    assert listing([f"dev{i}" for i in range(100_000)] + ["server"]) == "dev0..dev99999, server"
+    assert listing(["dev0", "dev1", "server"]) == "dev0, dev1, server"  # two are no run
+    assert listing(["dev0", "dev2", "dev3", "dev4", "x1"]) == "dev0, dev2..dev4, x1"
+    assert listing("abcdefghij", most=4) == "a, b, c, ... and 7 more"
+    text = "cluster: the devices are " + ", ".join(f"host{i * 7}" for i in range(100_000))
+    cut = one_line(text)
+    assert len("error: " + cut) <= LINE_MAX and cut.startswith("cluster: the devices are host0, host7") and cut.endswith(f"[{len(text) - cut.index(' ... [')} more characters]"), cut
+    assert one_line("short") == "short" and one_line("a traceback\n" + "x" * 1000).endswith("x" * 1000)  # a report of several lines is kept
 
 
 def _assert_cli_line(res, args):
