@@ -186,14 +186,14 @@ class Channel:
 
 
 def check_link(cfg: LinkConfig, where: str) -> None:
-    if cfg.bandwidth_bps <= 0:
-        raise ConfigError(f"{where}.bandwidth_bps", f"must be > 0 bit/s (or .inf), got {cfg.bandwidth_bps}")
-    if cfg.latency_s < 0:
-        raise ConfigError(f"{where}.latency_s", f"must be >= 0, got {cfg.latency_s}")
-    if cfg.wakeup_s < 0:
-        raise ConfigError(f"{where}.wakeup_s", f"must be >= 0, got {cfg.wakeup_s}")
-    if not 0.0 <= cfg.loss < 1.0:
-        raise ConfigError(f"{where}.loss", f"must be in [0, 1), got {cfg.loss}")
+    """A link's numbers in their ranges (framework.validate_numbers.LINK, checked before the run
+    too): a cluster built from code gets the same checks."""
+    from framework.validate_numbers import LINK
+
+    for key, r in LINK.items():
+        why = r.problem(getattr(cfg, key))
+        if why:
+            raise ConfigError(f"{where}.{key}", why)
 
 
 class Link:
