@@ -182,6 +182,7 @@ BAD_INPUTS = [
     ([*MQTT, "transport.reconnect_max_s=-1"], ["transport.reconnect_max_s", "> 0", "-1"]),
     ([*MQTT, "transport.reconnect_max_s=0.05"], ["transport.reconnect_max_s", ">= transport.reconnect_initial_s=0.1", "0.05"]),
     ([*MQTT, "transport.reconnect_timeout_s=0"], ["transport.reconnect_timeout_s", "> 0", "got 0"]),
+    ([*MQTT, "transport.credentials_file=/nonexistent"], ["transport.credentials_file", "runtime=local hands every role its credentials", "framework.worker", "leave it null"]),
     # ---- runtime ----
     (["runtime=lcoal"], ["runtime=lcoal: no such runtime", "did you mean runtime=local?"]),
     (["runtime=local"], ["transport.name", "runtime=local needs a network transport", "transport=mqtt"]),
