@@ -204,6 +204,8 @@ BAD_INPUTS = [
     (["tracking.flush_every=0"], ["tracking.flush_every", ">= 1", "got 0"]),
     (["tracking.optimized_direction=up"], ["tracking.optimized_direction", "'up'", "max, min"]),
     (["tracking.metric_floor.min=nan"], ["tracking.metric_floor.min", "finite", "nan"]),
+    (["tracking.optimized_metric=val/accuracy"], ["tracking.optimized_metric", "'val/accuracy' is not a metric", "did you mean val/acc?", "time/epoch_virtual_s", "more"]),
+    (["tracking.metric_floor.metric=accuracy", "tracking.metric_floor.min=0.5"], ["tracking.metric_floor.metric", "'accuracy' is not a metric", "val/acc"]),
 ]
 
 # rows also run through the real CLI in the default suite, side by side: one per place a line
