@@ -26,6 +26,7 @@ import re
 import sys
 import traceback
 import typing
+from pathlib import Path
 
 from framework.errors import CHOICES_MOST, listing, one_line
 
@@ -53,11 +54,11 @@ def _multirun(argv: list[str]) -> bool:
     return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
 
 
-def _group_choices(group: str) -> list[str] | None:
+def _group_choices(group: str, argv=()) -> list[str] | None:
     from framework import registry
     from framework.cli import group_choices
 
-    return group_choices(group) if group in registry.GROUPS or group == "experiment" else None
+    return group_choices(group, argv) if group in registry.GROUPS or group == "experiment" else None
 
 
 def override_problem(argv: list[str]) -> str | None:
@@ -77,23 +78,23 @@ def override_problem(argv: list[str]) -> str | None:
         try:
             override = parser.parse_override(arg)
         except HydraException as e:  # OverrideParseException, or Hydra's own for a bad token
-            return _parse_problem(arg, key, str(e))
+            return _parse_problem(arg, key, str(e), argv)
         if override.is_sweep_override() and not _multirun(argv):
-            return _sweep_problem(arg)
+            return _sweep_problem(arg, argv)
     return None
 
 
-def _sweep_problem(arg: str) -> str:
+def _sweep_problem(arg: str, argv=()) -> str:
     key, value = arg.split("=", 1)
-    as_list = "" if _group_choices(key.lstrip("+~")) else f", or write a list as {key}=[{value}]"
+    as_list = "" if _group_choices(key.lstrip("+~"), argv) else f", or write a list as {key}=[{value}]"
     return f"{arg}: several values are a sweep; add -m to run one job each (python -m framework -m {arg}){as_list}"
 
 
-def _parse_problem(arg: str, key: str, message: str) -> str:
+def _parse_problem(arg: str, key: str, message: str, argv=()) -> str:
     reason = message.splitlines()[0]
     if "->" in arg:
         return f"{arg}: a link key 'src->dst' cannot be written on the command line (Hydra's override grammar has no '>'); set cluster.links in a cluster preset (conf/cluster/*.yaml), or change every link with cluster.link.<key>=..."
-    choices = _group_choices(key.lstrip("+~"))
+    choices = _group_choices(key.lstrip("+~"), argv)
     takes = f"; choices: {listing(choices, CHOICES_MOST)}" if choices else ""
     return f"{arg}: Hydra cannot read this override ({reason}); write key=value or key=[a,b], quoting a value with spaces or , [ ] {{ }} = as key='...'{takes}"
 
@@ -106,9 +107,12 @@ def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
+    bad_yaml = _yaml_problem(exc, argv)
+    if bad_yaml:
+        return bad_yaml
     if isinstance(exc, OverrideParseException):
         arg = _arg_in(str(exc), argv) or "override"
-        return _parse_problem(arg, arg.split("=", 1)[0], str(exc))
+        return _parse_problem(arg, arg.split("=", 1)[0], str(exc), argv)
     cause = exc.__cause__
     if isinstance(exc, ConfigCompositionException) and isinstance(cause, OmegaConfBaseException):
         return _omegaconf_problem(cause, argv)
@@ -119,7 +123,7 @@ def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     text = str(exc)
     m = re.search(r"Ambiguous value for argument '(.*?)'", text)
     if m:
-        return _sweep_problem(m.group(1))
+        return _sweep_problem(m.group(1), argv)
     m = re.search(r"An item is already at '(.*?)'", text)
     if m:
         arg = _arg_for(m.group(1), argv) or f"+{m.group(1)}=..."
@@ -133,6 +137,30 @@ def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     if m:
         return f"{m.group(1)}: no such key to delete (~{m.group(1)})"
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def _yaml_problem(exc: BaseException, argv: list[str]) -> str | None:
+    """One line for a YAML file Hydra could not read (a preset in conf/ or in the user's config
+    folder): its file, line and column, and which override chose it."""
+    import yaml
+
+    seen = set()
+    while exc is not None and id(exc) not in seen and not isinstance(exc, yaml.YAMLError):
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    if exc is None or not isinstance(exc, yaml.YAMLError):
+        return None
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    if mark is None:
+        return f"a config file is not valid YAML: {problem}"
+    path = Path(str(mark.name))
+    chosen = f"{path.parent.name}={path.stem}"
+    by = next((a for a in overrides_of(argv) if a.lstrip("+").replace(" ", "") == chosen), None)
+    context = getattr(exc, "context", None)
+    start = getattr(exc, "context_mark", None)
+    where = f" ({context} that starts at line {start.line + 1})" if context and start is not None and start.line != mark.line else ""
+    return f"{by + ': ' if by else ''}{path}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}{where}"
 
 
 def _arg_in(text: str, argv: list[str]) -> str | None:
@@ -236,9 +264,9 @@ def _unknown_key(key: str, parent, argv: list[str]) -> str:
         return f"{key}: {where} has no entry {leaf!r} (entries: {listing(keys) or 'none'}); '+' adds one: +{arg.lstrip('+')}"
     names = [f.name for f in dataclasses.fields(schema)]
     top = key.split(".")[0]
-    if not where and top not in names and _group_choices(top):  # `experiment.x`: a group that only sets other groups' keys
+    if not where and top not in names and _group_choices(top, argv):  # `experiment.x`: a group that only sets other groups' keys
         written = next((a.split("=", 1)[0].lstrip("+~") for a in overrides_of(argv) if a.lstrip("+~").split(".")[0] == top), key)
-        return f"{written}: {top} is a config group of presets, not a key; choose one with {top}=<name>: {listing(_group_choices(top), CHOICES_MOST)}"
+        return f"{written}: {top} is a config group of presets, not a key; choose one with {top}=<name>: {listing(_group_choices(top, argv), CHOICES_MOST)}"
     close = difflib.get_close_matches(leaf, names, n=1)
     group = where if where in registry.GROUPS else None
     option = parent.get("name") if group and "name" in names else None
@@ -316,6 +344,7 @@ def _check_args(argv: list[str], compose_fn=None) -> str | None:
 
     from framework import registry
     from framework.cli import CONF_DIR, check_group_overrides
+    from framework.config import extra_config_dirs
     from framework.errors import PipelabError
 
     registry.load_plugins()
@@ -323,14 +352,20 @@ def _check_args(argv: list[str], compose_fn=None) -> str | None:
     if problem:
         return problem
     overrides = overrides_of(argv)
+    composing = overrides
+    dirs = extra_config_dirs(argv)
+    if dirs:  # the user's config folders, searched as the CLI searches them (--config-dir, then hydra.searchpath)
+        quoted = ",".join("'file://" + str(d).replace("\\", "\\\\").replace("'", "\\'") + "'" for d in dirs)
+        composing = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].strip() != "hydra.searchpath"] + [f"hydra.searchpath=[{quoted}]"]
+        compose_fn = None  # Hydra's own compose: a faster one knows conf/ alone
     try:
         if compose_fn is not None:
-            cfg = compose_fn(overrides)
+            cfg = compose_fn(composing)
         elif GlobalHydra.instance().is_initialized():
-            cfg = compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name="config", overrides=composing)
         else:
             with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-                cfg = compose(config_name="config", overrides=overrides)
+                cfg = compose(config_name="config", overrides=composing)
     except Exception as e:
         line = hydra_problem(e, argv)
         if line is None:

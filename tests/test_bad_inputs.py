@@ -17,12 +17,14 @@ a case that were wrongly accepted would train quickly instead of failing the tes
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from framework.errors import LINE_MAX
 
@@ -218,15 +220,17 @@ def row_id(args) -> str:
     return " ".join(args)
 
 
-def start_cli(args, cwd, env_extra=None) -> subprocess.Popen:
+def start_cli(args, cwd, env_extra=None, flags=()) -> subprocess.Popen:
+    """`python -m framework <flags> BASE <args>` (Hydra's flags first: its parser takes the
+    overrides as one run of arguments)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env.pop("HYDRA_FULL_ERROR", None)
     env.update(env_extra or {})
-    return subprocess.Popen([sys.executable, "-m", "framework", *BASE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen([sys.executable, "-m", "framework", *flags, *BASE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def cli(args, cwd, env_extra=None) -> subprocess.CompletedProcess:
-    proc = start_cli(args, cwd, env_extra)
+def cli(args, cwd, env_extra=None, flags=()) -> subprocess.CompletedProcess:
+    proc = start_cli(args, cwd, env_extra, flags)
     out, err = proc.communicate(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -294,6 +298,63 @@ def test_long_lists_are_summarised():
     cut = one_line(text)
     assert len("error: " + cut) <= LINE_MAX and cut.startswith("cluster: the devices are host0, host7") and cut.endswith(f"[{len(text) - cut.index(' ... [')} more characters]"), cut
     assert one_line("short") == "short" and one_line("a traceback\n" + "x" * 1000).endswith("x" * 1000)  # a report of several lines is kept
+
+
+def _user_cluster(root: Path, text: str) -> Path:
+    (root / "cluster").mkdir(parents=True)
+    (root / "cluster" / "mine.yaml").write_text(text)
+    return root
+
+
+MINE = """\
+# a cluster of the user's own, outside the repo
+defaults:
+  - /schema/cluster/base@_here_
+  - _self_
+name: mine
+num_devices: 2
+device:
+  flops_per_s: 2.0e9
+link:
+  bandwidth_bps: 1.0e8
+  latency_s: 0.001
+"""
+
+
+def test_a_users_config_folder_adds_options(tmp_path):
+    """A cluster of the user's own, in a folder given with --config-dir or hydra.searchpath, is
+    an option like the shipped ones: chosen, listed among the choices, and run."""
+    from framework.input_errors import check_args
+
+    conf = _user_cluster(tmp_path / "my conf", MINE)  # a space in the path, quoted for Hydra
+    by_dir, by_path = ["--config-dir", str(conf)], [f"hydra.searchpath=['file://{conf}']"]
+    for extra in (by_dir, by_path):
+        assert check_args([*extra, *BASE, "cluster=mine"]) is None, extra
+        assert check_args([*extra, *BASE, "cluster=mine", "cluster.num_devices=0"]) == "cluster.num_devices: must be an integer >= 1, got 0"
+        line = check_args([*extra, *BASE, "cluster=mien"])
+        assert line.startswith("cluster=mien: no such cluster (did you mean cluster=mine?); choices: ") and "mine, pi4_wifi" in line, line
+    assert check_args(["--config-dir", str(tmp_path / "nowhere"), *BASE, "cluster=mine"]).startswith(f"--config-dir: {tmp_path / 'nowhere'} is not a folder")
+    procs = [subprocess.Popen([sys.executable, "-m", "framework", *extra, *BASE, "cluster=mine", f"hydra.run.dir={tmp_path / str(i)}"], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+             for i, extra in enumerate((by_dir, by_path))]
+    for i, proc in enumerate(procs):  # side by side: each is mostly start-up
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and "val/acc" in out, (out, err)
+        ran = yaml.safe_load((tmp_path / str(i) / ".hydra" / "config.yaml").read_text())["cluster"]
+        assert ran["name"] == "mine" and ran["device"]["flops_per_s"] == 2.0e9
+        assert json.loads((tmp_path / str(i) / "summary.json").read_text())["iterations"] == 2
+
+
+def test_a_users_config_file_that_is_not_yaml_is_named_with_its_line(tmp_path):
+    from framework.input_errors import check_args
+
+    conf = _user_cluster(tmp_path / "conf", MINE.replace("num_devices: 2", "num_devices: [2"))
+    for extra in (["--config-dir", str(conf)], [f"hydra.searchpath=[file://{conf}]"]):
+        line = check_args([*extra, *BASE, "cluster=mine"])
+        assert line.startswith(f"cluster=mine: {conf / 'cluster' / 'mine.yaml'}, line 7, column 7: not valid YAML: expected ',' or ']'"), line
+        assert "line 6" in line and "no such cluster" not in line, line  # where the open list starts
+    res = cli(["cluster=mine"], tmp_path, flags=["--config-dir", str(conf)])
+    assert res.returncode == 2 and res.stderr.strip() == "error: " + check_args(["--config-dir", str(conf), *BASE, "cluster=mine"]), res.stderr
 
 
 def _assert_cli_line(res, args):
