@@ -20,8 +20,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from framework import input_errors, registry, tracking_process
-from framework.config import CONF_DIR, task_overrides, yaml_presets
-from framework.errors import PipelabError
+from framework.config import CONF_DIR, extra_config_dirs, search_dirs, task_overrides, yaml_presets
+from framework.errors import CHOICES_MOST, PipelabError, listing, one_line
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -48,7 +48,7 @@ def app(cfg: DictConfig) -> float | None:
             print(f"resuming {out_dir} after epoch {job.resumed_epoch} of {cfg.train.epochs}", file=sys.stderr)
         summary = job.run()
     except PipelabError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(e.exit_status)
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (framework.faults)
         from framework import checkpoint, faults
@@ -74,7 +74,7 @@ def app(cfg: DictConfig) -> float | None:
     try:
         objective.require_floor_metric(metrics, cfg.tracking)
     except PipelabError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     if not objective.feasible(metrics, cfg.tracking):
         parts.append(f"below the floor {objective.describe_floor(cfg.tracking)}")
@@ -84,10 +84,11 @@ def app(cfg: DictConfig) -> float | None:
     return objective.score(metrics, cfg.tracking)
 
 
-def group_choices(group: str) -> list[str]:
-    """What `group=option` may name: the YAML presets in conf/<group>/, and the plugins that
-    registered a schema but ship no YAML (installed from outside this repo)."""
-    choices = set(yaml_presets(group))
+def group_choices(group: str, argv=()) -> list[str]:
+    """What `group=option` may name: the YAML presets in <dir>/<group>/ of every config folder
+    Hydra searches for the command line `argv` (conf/, --config-dir, hydra.searchpath), and the
+    plugins that registered a schema but ship no YAML (installed from outside this repo)."""
+    choices = set(yaml_presets(group, search_dirs(argv)))
     if group in registry.GROUPS:
         choices.update(registry.schema_options(group))
     return sorted(choices)
@@ -97,6 +98,9 @@ def check_group_overrides(args: list[str]) -> str | None:
     """A one-line error for `group=option` overrides naming an option that does not exist.
 
     Hydra would say the same over a dozen lines with its search path; this names the choices."""
+    for source, d in extra_config_dirs(args, sources=True):
+        if not d.is_dir():
+            return f"{source}: {d} is not a folder; a config folder holds <group>/<option>.yaml files, e.g. cluster/mine.yaml (then cluster=mine)"
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
             continue
@@ -104,13 +108,13 @@ def check_group_overrides(args: list[str]) -> str | None:
         group = key.lstrip("+~")
         if not group or "." in group or group == "hydra" or not ((Path(CONF_DIR) / group).is_dir() or group in registry.GROUPS):
             continue
-        choices = group_choices(group)
+        choices = group_choices(group, args)
         for option in value.split(","):  # multirun sweeps: a,b,c
             option = option.strip()
             if option and option != "null" and option not in choices:
                 close = difflib.get_close_matches(option.lower().removesuffix(".yaml"), choices, n=1)
                 hint = f" (did you mean {group}={close[0]}?)" if close else ""
-                return f"{group}={option}: no such {group}{hint}; choices: {', '.join(choices)}"
+                return f"{group}={option}: no such {group}{hint}; choices: {listing(choices, CHOICES_MOST)}"
     return None
 
 
@@ -177,21 +181,21 @@ def _main() -> None:
     except PipelabError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     if "--plugins" in sys.argv[1:]:
         print(registry.describe())
-        print("\nconfig options (pick with group=name): conf/<group>/*.yaml presets, and plugins registered with a schema and no YAML")
+        print("\nconfig options (pick with group=name): <group>/*.yaml presets of conf/ (and of --config-dir, hydra.searchpath), and plugins registered with a schema and no YAML")
         for group in registry.GROUPS + ("experiment",):
-            print(f"  {group:<11} {', '.join(group_choices(group)) or '-'}")
+            print(f"  {group:<11} {', '.join(group_choices(group, sys.argv[1:])) or '-'}")
         return
     # malformed overrides and unknown options: one line, before Hydra starts (framework.input_errors)
     problem = input_errors.override_problem(sys.argv[1:]) or check_group_overrides(sys.argv[1:])
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
+        print(f"error: {one_line(problem)}", file=sys.stderr)
         sys.exit(2)
     # --help lists the user-facing groups (not the schema/* groups the YAML files extend)
-    OmegaConf.register_new_resolver("pipelab_groups", lambda: "\n".join(f"{g}: {', '.join(group_choices(g))}" for g in registry.GROUPS + ("experiment",)), replace=True)
+    OmegaConf.register_new_resolver("pipelab_groups", lambda: "\n".join(f"{g}: {', '.join(group_choices(g, sys.argv[1:]))}" for g in registry.GROUPS + ("experiment",)), replace=True)
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
         _skip_hydra_group_listing()
     _skip_hydra_mode_compose(sys.argv[1:])

@@ -57,7 +57,7 @@ import torch
 
 from framework import profile_tables
 from framework.config import TIME_MODELS, DeviceConfig, LinkConfig
-from framework.errors import ConfigError
+from framework.errors import ConfigError, listing
 
 
 @dataclass(frozen=True)
@@ -186,14 +186,14 @@ class Channel:
 
 
 def check_link(cfg: LinkConfig, where: str) -> None:
-    if cfg.bandwidth_bps <= 0:
-        raise ConfigError(f"{where}.bandwidth_bps", f"must be > 0 bit/s (or .inf), got {cfg.bandwidth_bps}")
-    if cfg.latency_s < 0:
-        raise ConfigError(f"{where}.latency_s", f"must be >= 0, got {cfg.latency_s}")
-    if cfg.wakeup_s < 0:
-        raise ConfigError(f"{where}.wakeup_s", f"must be >= 0, got {cfg.wakeup_s}")
-    if not 0.0 <= cfg.loss < 1.0:
-        raise ConfigError(f"{where}.loss", f"must be in [0, 1), got {cfg.loss}")
+    """A link's numbers in their ranges (framework.validate_numbers.LINK, checked before the run
+    too): a cluster built from code gets the same checks."""
+    from framework.validate_numbers import LINK
+
+    for key, r in LINK.items():
+        why = r.problem(getattr(cfg, key))
+        if why:
+            raise ConfigError(f"{where}.{key}", why)
 
 
 class Link:
@@ -353,7 +353,7 @@ class Cluster:
             src, dst = _split_link(pattern)
             for side in (src, dst):
                 if not _is_glob(side) and side not in self.devices:
-                    raise ConfigError(f"cluster.links.{pattern}", f"device {side!r} does not exist; devices: {', '.join(self.devices)}")
+                    raise ConfigError(f"cluster.links.{pattern}", f"device {side!r} does not exist; devices: {listing(self.devices)}")
         # every value is checked now (fail before running); a link itself is built the first time
         # a message takes it: K devices have K(K-1) pairs, a star topology uses 2K of them
         check_link(base_link, "cluster.link")
@@ -373,7 +373,7 @@ class Cluster:
         try:
             return self.devices[name]
         except KeyError:
-            raise ConfigError("cluster", f"no device {name!r}; devices: {', '.join(self.devices)}") from None
+            raise ConfigError("cluster", f"no device {name!r}; devices: {listing(self.devices)}") from None
 
     def link(self, src: str, dst: str) -> Link | None:
         """The link from device src to dst; None within one device (free)."""

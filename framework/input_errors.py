@@ -26,6 +26,9 @@ import re
 import sys
 import traceback
 import typing
+from pathlib import Path
+
+from framework.errors import CHOICES_MOST, listing, one_line
 
 # Hydra's flags that take a value (`--cfg job`): that value is not an override
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
@@ -51,11 +54,11 @@ def _multirun(argv: list[str]) -> bool:
     return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
 
 
-def _group_choices(group: str) -> list[str] | None:
+def _group_choices(group: str, argv=()) -> list[str] | None:
     from framework import registry
     from framework.cli import group_choices
 
-    return group_choices(group) if group in registry.GROUPS or group == "experiment" else None
+    return group_choices(group, argv) if group in registry.GROUPS or group == "experiment" else None
 
 
 def override_problem(argv: list[str]) -> str | None:
@@ -75,25 +78,25 @@ def override_problem(argv: list[str]) -> str | None:
         try:
             override = parser.parse_override(arg)
         except HydraException as e:  # OverrideParseException, or Hydra's own for a bad token
-            return _parse_problem(arg, key, str(e))
+            return _parse_problem(arg, key, str(e), argv)
         if override.is_sweep_override() and not _multirun(argv):
-            return _sweep_problem(arg)
+            return _sweep_problem(arg, argv)
     return None
 
 
-def _sweep_problem(arg: str) -> str:
+def _sweep_problem(arg: str, argv=()) -> str:
     key, value = arg.split("=", 1)
-    as_list = "" if _group_choices(key.lstrip("+~")) else f", or write a list as {key}=[{value}]"
+    as_list = "" if _group_choices(key.lstrip("+~"), argv) else f", or write a list as {key}=[{value}]"
     return f"{arg}: several values are a sweep; add -m to run one job each (python -m framework -m {arg}){as_list}"
 
 
-def _parse_problem(arg: str, key: str, message: str) -> str:
+def _parse_problem(arg: str, key: str, message: str, argv=()) -> str:
     reason = message.splitlines()[0]
     if "->" in arg:
         return f"{arg}: a link key 'src->dst' cannot be written on the command line (Hydra's override grammar has no '>'); set cluster.links in a cluster preset (conf/cluster/*.yaml), or change every link with cluster.link.<key>=..."
-    choices = _group_choices(key.lstrip("+~"))
-    takes = f"; {key.lstrip('+~')} takes one of: {', '.join(choices)}" if choices else ""
-    return f"{arg}: Hydra cannot read this override ({reason}); write key=value, a list as key=[a,b], and quote a value holding spaces or , [ ] {{ }} = as key='...'{takes}"
+    choices = _group_choices(key.lstrip("+~"), argv)
+    takes = f"; choices: {listing(choices, CHOICES_MOST)}" if choices else ""
+    return f"{arg}: Hydra cannot read this override ({reason}); write key=value or key=[a,b], quoting a value with spaces or , [ ] {{ }} = as key='...'{takes}"
 
 
 # ---- exceptions raised while Hydra composes the config -------------------------------------------
@@ -104,9 +107,12 @@ def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
+    bad_yaml = _yaml_problem(exc, argv)
+    if bad_yaml:
+        return bad_yaml
     if isinstance(exc, OverrideParseException):
         arg = _arg_in(str(exc), argv) or "override"
-        return _parse_problem(arg, arg.split("=", 1)[0], str(exc))
+        return _parse_problem(arg, arg.split("=", 1)[0], str(exc), argv)
     cause = exc.__cause__
     if isinstance(exc, ConfigCompositionException) and isinstance(cause, OmegaConfBaseException):
         return _omegaconf_problem(cause, argv)
@@ -117,7 +123,7 @@ def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     text = str(exc)
     m = re.search(r"Ambiguous value for argument '(.*?)'", text)
     if m:
-        return _sweep_problem(m.group(1))
+        return _sweep_problem(m.group(1), argv)
     m = re.search(r"An item is already at '(.*?)'", text)
     if m:
         arg = _arg_for(m.group(1), argv) or f"+{m.group(1)}=..."
@@ -133,6 +139,30 @@ def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
+def _yaml_problem(exc: BaseException, argv: list[str]) -> str | None:
+    """One line for a YAML file Hydra could not read (a preset in conf/ or in the user's config
+    folder): its file, line and column, and which override chose it."""
+    import yaml
+
+    seen = set()
+    while exc is not None and id(exc) not in seen and not isinstance(exc, yaml.YAMLError):
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    if exc is None or not isinstance(exc, yaml.YAMLError):
+        return None
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    if mark is None:
+        return f"a config file is not valid YAML: {problem}"
+    path = Path(str(mark.name))
+    chosen = f"{path.parent.name}={path.stem}"
+    by = next((a for a in overrides_of(argv) if a.lstrip("+").replace(" ", "") == chosen), None)
+    context = getattr(exc, "context", None)
+    start = getattr(exc, "context_mark", None)
+    where = f" ({context} that starts at line {start.line + 1})" if context and start is not None and start.line != mark.line else ""
+    return f"{by + ': ' if by else ''}{path}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}{where}"
+
+
 def _arg_in(text: str, argv: list[str]) -> str | None:
     return next((a for a in overrides_of(argv) if a in text), None)
 
@@ -140,13 +170,15 @@ def _arg_in(text: str, argv: list[str]) -> str | None:
 def _arg_for(key: str, argv: list[str], value=None) -> str | None:
     """The override that sets `key` (or a key under it), as written: the last one, or the last
     whose value reads as `value` (the one Hydra refused)."""
-    found = []
+    found, under = [], []
     for arg in overrides_of(argv):
         k = arg.split("=", 1)[0].lstrip("+~")
         if k == key or key.startswith(k + ".") or key.startswith(k + "["):
             found.append(arg)
+        elif k.startswith(key + "."):  # a key under it: what the user wrote (not a group choice above it)
+            under.append(arg)
     same = [a for a in found if value is not None and "=" in a and a.split("=", 1)[1].strip() in (str(value), repr(value))]
-    return (same or found or [None])[-1]
+    return (same or under or found or [None])[-1]
 
 
 def _yaml(value) -> str:
@@ -229,12 +261,12 @@ def _unknown_key(key: str, parent, argv: list[str]) -> str:
         if where == "cluster.devices":
             return _unknown_device(key, leaf, parent, argv)
         arg = _arg_for(key, argv) or f"{key}=..."
-        return f"{key}: {where} has no entry {leaf!r} (entries: {', '.join(keys) or 'none'}); '+' adds one: +{arg.lstrip('+')}"
+        return f"{key}: {where} has no entry {leaf!r} (entries: {listing(keys) or 'none'}); '+' adds one: +{arg.lstrip('+')}"
     names = [f.name for f in dataclasses.fields(schema)]
     top = key.split(".")[0]
-    if not where and top not in names and _group_choices(top):  # `experiment.x`: a group that only sets other groups' keys
+    if not where and top not in names and _group_choices(top, argv):  # `experiment.x`: a group that only sets other groups' keys
         written = next((a.split("=", 1)[0].lstrip("+~") for a in overrides_of(argv) if a.lstrip("+~").split(".")[0] == top), key)
-        return f"{written}: {top} is a config group of presets, not a key; choose one with {top}=<name>; choices: {', '.join(_group_choices(top))}"
+        return f"{written}: {top} is a config group of presets, not a key; choose one with {top}=<name>: {listing(_group_choices(top, argv), CHOICES_MOST)}"
     close = difflib.get_close_matches(leaf, names, n=1)
     group = where if where in registry.GROUPS else None
     option = parent.get("name") if group and "name" in names else None
@@ -250,13 +282,13 @@ def _unknown_key(key: str, parent, argv: list[str]) -> str:
 def _unknown_device(key: str, leaf: str, devices, argv: list[str]) -> str:
     cluster = devices._get_parent()  # OmegaConf has no public way up
     n = int(cluster.num_devices)
-    names = [f"dev{i}" for i in range(n)] + [str(k) for k in devices.keys() if not re.fullmatch(r"dev\d+", str(k)) and not any(c in str(k) for c in "*?[")]
+    names = listing([f"dev{i}" for i in range(n)] + [str(k) for k in devices.keys() if not re.fullmatch(r"dev\d+", str(k)) and not any(c in str(k) for c in "*?[")])
     arg = (_arg_for(key, argv) or f"{key}.slowdown=2").lstrip("+")
     m = re.fullmatch(r"dev(\d+)", leaf)
     if m and int(m.group(1)) < n:
         return f"{key}: this cluster preset sets nothing for {leaf} yet; '+' adds its entry: +{arg}"
     more = f"; a cluster of {int(m.group(1)) + 1} devices is cluster.num_devices={int(m.group(1)) + 1}" if m else ""
-    return f"{key}: no such device; cluster {cluster.get('name')} has {', '.join(names)} (cluster.num_devices={n}){more}; '+' adds a device's entry: +{arg}"
+    return f"{key}: no such device; cluster {cluster.get('name')} has {names} (cluster.num_devices={n}){more}; '+' adds a device's entry: +{arg}"
 
 
 # ---- running the app ----------------------------------------------------------------------------
@@ -277,7 +309,7 @@ def run_app(app, argv: list[str]) -> None:
             traceback.print_exc()
             print("\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", file=sys.stderr)
             sys.exit(1)
-        print(f"error: {line}", file=sys.stderr)
+        print(f"error: {one_line(line)}", file=sys.stderr)
         sys.exit(2)
     finally:
         if not full:
@@ -300,6 +332,11 @@ def check_args(argv: list[str], compose_fn=None) -> str | None:
     `error: `), or None when the run would start: one run's arguments (no -m). Composes the config
     (`compose_fn(overrides)`, by default Hydra's compose API as the CLI composes) and builds the
     job as the CLI does, but starts no tracking run and trains nothing."""
+    line = _check_args(argv, compose_fn)
+    return None if line is None else one_line(line)
+
+
+def _check_args(argv: list[str], compose_fn=None) -> str | None:
     import tempfile
 
     from hydra import compose, initialize_config_dir
@@ -307,6 +344,7 @@ def check_args(argv: list[str], compose_fn=None) -> str | None:
 
     from framework import registry
     from framework.cli import CONF_DIR, check_group_overrides
+    from framework.config import extra_config_dirs
     from framework.errors import PipelabError
 
     registry.load_plugins()
@@ -314,14 +352,20 @@ def check_args(argv: list[str], compose_fn=None) -> str | None:
     if problem:
         return problem
     overrides = overrides_of(argv)
+    composing = overrides
+    dirs = extra_config_dirs(argv)
+    if dirs:  # the user's config folders, searched as the CLI searches them (--config-dir, then hydra.searchpath)
+        quoted = ",".join("'file://" + str(d).replace("\\", "\\\\").replace("'", "\\'") + "'" for d in dirs)
+        composing = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].strip() != "hydra.searchpath"] + [f"hydra.searchpath=[{quoted}]"]
+        compose_fn = None  # Hydra's own compose: a faster one knows conf/ alone
     try:
         if compose_fn is not None:
-            cfg = compose_fn(overrides)
+            cfg = compose_fn(composing)
         elif GlobalHydra.instance().is_initialized():
-            cfg = compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name="config", overrides=composing)
         else:
             with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-                cfg = compose(config_name="config", overrides=overrides)
+                cfg = compose(config_name="config", overrides=composing)
     except Exception as e:
         line = hydra_problem(e, argv)
         if line is None:

@@ -31,7 +31,7 @@ from framework.models import build_model
 from framework.runtime.base import RuntimeHooks
 from framework.scheduler import SchedulerContext
 from framework.tracking import flatten, mlflow_name
-from framework.transport import FAULTS
+from framework.transport import FAULTS, Network
 from framework.validate import validate
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -113,6 +113,8 @@ class Job(RuntimeHooks):
         self.dtype, self.dataset, self.model, self.cluster = ctx.dtype, ctx.dataset, ctx.model, ctx.cluster
         self.predictor, self.compressor = ctx.predictor, ctx.compressor
         self.transport = registry.build("transport", cfg.transport)
+        if isinstance(self.transport, Network):  # this process coordinates the run: what only a role reads is a mistake here
+            self.transport.check_coordinator(cfg.runtime.name)
         self.runtime = registry.build("runtime", cfg.runtime, self.cluster, self.compressor, self, network=self.transport, run_config=cfg)
         self.runtime.prepare(self.scheduler)
         self.runtime.timeline.clock = self.clock  # the chart's and the trace's time axis say which

@@ -114,12 +114,12 @@ def check_objective(config) -> None:
     from omegaconf import OmegaConf
 
     from framework import objective
-    from framework.errors import PipelabError
+    from framework.errors import PipelabError, one_line
 
     try:
         objective.check(config.tracking)
     except PipelabError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
     if direction is None or OmegaConf.is_list(direction) or isinstance(direction, (list, tuple)):

@@ -23,9 +23,61 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, Optional
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, listing
 
 DIRECTIONS = ("max", "min")
+
+# The metrics a run can record: what tracking.optimized_metric and tracking.metric_floor.metric
+# may name. `<...>` in a name stands for any text (a role, a link, a layer, a counter). The core
+# records these (framework.job, the pipeline schedules, the compressor); a plugin that records
+# metrics of its own declares them with `declare_metrics` when it is loaded, as the built-in
+# schedulers do (plugins/schedulers/__init__.py), so that a name no run records is an error
+# before a sweep starts, not a sweep that ends with no best run.
+_METRICS: list[str] = []
+
+
+def declare_metrics(*names: str) -> None:
+    """Metric names a run may record (`<...>`: any text), for the objective's keys to name."""
+    for name in names:
+        if name not in _METRICS:
+            _METRICS.append(name)
+
+
+declare_metrics(
+    "val/acc", "val/loss", "test/acc", "train/loss", "train/acc", "time/epoch_virtual_s", "time/virtual_s",
+    "time/wall_s", "test/loss", "train/epoch_loss", "throughput/samples_per_s", "epoch",
+    "pipe/bubble_frac", "pipe/staleness", "pipe/replans", "roles/dropouts",
+    "plan/predicted_epoch_s", "plan/epoch_over_predicted",
+    "util/busy_frac/<role>", "util/idle_s/<role>", "transport/<counter>/<role>",
+    "net/bytes/<link>", "net/raw_bytes/<link>", "net/compression_ratio",
+    *(f"compression/{k}_{d}" for k in ("ratio", "bits", "rel_err", "encode_s", "decode_s") for d in ("fwd", "bwd")),
+)
+
+
+def metric_names() -> list[str]:
+    """Every declared metric name (the plugins' too), core ones first."""
+    from framework import registry
+
+    registry.load_plugins()
+    return list(_METRICS)
+
+
+def known_metric(name: str) -> bool:
+    import re
+
+    return any(re.fullmatch(".+".join(map(re.escape, re.split(r"<[^>]*>", m))), name) for m in metric_names())
+
+
+def check_metric(key: str, name: str) -> None:
+    """ConfigError unless `name` is a metric some run records (`declare_metrics`)."""
+    import difflib
+
+    if known_metric(name):
+        return
+    names = metric_names()
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ConfigError(key, f"{name!r} is not a metric a run records{hint}; runs record {listing(names, 8)} (README, MLflow metrics; a plugin adds its own: objective.declare_metrics)")
 
 
 def _number(v: Any) -> bool:
@@ -63,6 +115,7 @@ def check(tcfg) -> None:
         raise ConfigError("tracking.optimized_direction", f"{direction!r} is not a direction; choices: {', '.join(DIRECTIONS)}")
     if not str(tcfg.get("optimized_metric") or "").strip():
         raise ConfigError("tracking.optimized_metric", "names no metric; give one a run records, e.g. val/acc or time/epoch_virtual_s")
+    check_metric("tracking.optimized_metric", str(tcfg.get("optimized_metric")))
     floor = tcfg.get("metric_floor")
     if floor is None or floor.get("min") is None:
         return
@@ -71,6 +124,7 @@ def check(tcfg) -> None:
         raise ConfigError("tracking.metric_floor.min", f"must be a finite number (or null for no floor), got {bound}")
     if not str(floor.get("metric") or "").strip():
         raise ConfigError("tracking.metric_floor.metric", f"names no metric; the floor needs one a run records, e.g. tracking.metric_floor.metric=val/acc (min {bound})")
+    check_metric("tracking.metric_floor.metric", str(floor.get("metric")))
 
 
 def require_floor_metric(metrics: dict, tcfg) -> None:

@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from framework.errors import ConfigError
+from framework.validate_numbers import DEVICE
 
 TABLE_DIR = Path(__file__).resolve().parent.parent / "conf" / "profile_tables"
 
@@ -117,8 +118,9 @@ def device_table(cfg, name: str, num_units: int | None) -> ProfileTable:
         raise ConfigError(f"{where}.table_device", f"{cfg.table_device!r} is not a column of profile table {cfg.table!r}; choices: {', '.join(table.devices)}")
     if num_units is not None and num_units != table.units:
         raise ConfigError(f"{where}.table", f"profile table {cfg.table!r} prices a {table.units}-unit {table.model}, but the model has {num_units} units")
-    if not 0.0 < float(cfg.forward_fraction) < 1.0:
-        raise ConfigError(f"{where}.forward_fraction", f"must be in (0, 1), got {cfg.forward_fraction}")
+    why = DEVICE["forward_fraction"].problem(cfg.forward_fraction)  # also checked before the run (validate_numbers)
+    if why:
+        raise ConfigError(f"{where}.forward_fraction", why)
     return table
 
 

@@ -176,6 +176,10 @@ class Network(ABC):
         """Overrides that tell a role started by hand where its secrets are (no secret itself)."""
         return []
 
+    def check_coordinator(self, runtime: str) -> None:
+        """ConfigError for a setting only a role process reads, given to the coordinator of
+        `runtime` (which would ignore it): a role started by hand's secrets, say."""
+
     def describe(self) -> str:
         return type(self).__name__
 

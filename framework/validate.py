@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from framework import registry, validate_numbers
 from framework.config import NONFINITE_POLICIES, TrainConfig
-from framework.errors import ConfigError
+from framework.errors import ConfigError, listing
 
 DTYPES = ("float32", "float64")
 OPTIMIZERS = ("sgd", "adam")
@@ -144,11 +144,19 @@ def check_runtime(cfg) -> None:
 
 
 def check_time_models(cluster) -> None:
-    """`time_model` of the device template and of each device entry, named by the key it was set at."""
+    """`time_model` and `table` of the device template and of each device entry, named by the key
+    they were set at. A table is checked whatever the time model: a name that does not exist is a
+    mistake even where this device's time model does not read it (yet)."""
     from framework.config import TIME_MODELS
+    from framework.profile_tables import table_names
 
     entries = [("cluster.device", cluster.device)] + [(f"cluster.devices.{k}", v) for k, v in (cluster.devices or {}).items()]
     for where, node in entries:
         model = node.get("time_model") if hasattr(node, "get") else None
         if model is not None and model not in TIME_MODELS:
             raise ConfigError(f"{where}.time_model", f"{model!r} is not a time model; choices: {', '.join(TIME_MODELS)}")
+        table = node.get("table") if hasattr(node, "get") else None
+        if table is not None and str(table) not in table_names():
+            read = "" if model == "table" else " (read by time_model=table)"
+            names = table_names()
+            raise ConfigError(f"{where}.table", f"no profile table {str(table)!r}{read}; choices (the {len(names)} in conf/profile_tables/, or null): {listing(names, 4)}")

@@ -83,6 +83,7 @@ DEVICE = {
     "memory_bytes": Range(0, low_open=True, null=True, note="bytes; null = unbounded"),
     "slots": Range(1, integer=True),
     "cores": Range(1, integer=True, null=True, note="null = FIFO slots"),
+    "forward_fraction": Range(0, 1, low_open=True, high_open=True, note="the forward's share of a measured iteration, time_model=table"),
 }
 
 LINK = {
@@ -90,7 +91,7 @@ LINK = {
     "latency_s": Range(0, note="seconds, one way"),
     "wakeup_s": Range(0, note="seconds per transfer"),
     "loss": Range(0, 1, high_open=True, note="probability a message is lost"),
-    "retransmit_timeout_s": Range(0, note="seconds"),
+    "retransmit_timeout_s": Range(0, low_open=True, note="seconds a reliable send waits before it resends"),
 }
 
 RULES: dict[str, Range] = {

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from framework import input_errors, registry
     from framework.cli import CONF_DIR
-    from framework.errors import PipelabError
+    from framework.errors import PipelabError, one_line
     from framework.runtime.role_process import TRANSPORT_FAILED_EXIT, run_role
     from framework.transport import TransportError
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = ["runtime=remote", *overrides]
     problem = input_errors.override_problem(overrides)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
+        print(f"error: {one_line(problem)}", file=sys.stderr)
         return 2
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         line = None if os.environ.get("HYDRA_FULL_ERROR") == "1" else input_errors.hydra_problem(e, overrides)
         if line is None:
             raise
-        print(f"error: {line}", file=sys.stderr)
+        print(f"error: {one_line(line)}", file=sys.stderr)
         return 2
     try:
         if not cfg.runtime.get("run_id"):
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # stopped by the coordinator: nothing to save
         return asyncio.run(run_role(network.endpoint(), cfg.runtime.run_id, role, build))
     except PipelabError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return TRANSPORT_FAILED_EXIT if isinstance(e, TransportError) else 2
     except KeyboardInterrupt:
         return 130

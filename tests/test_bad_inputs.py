@@ -17,13 +17,16 @@ a case that were wrongly accepted would train quickly instead of failing the tes
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from framework.errors import LINE_MAX
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "docs" / "bad_inputs.md"
@@ -87,6 +90,10 @@ BAD_INPUTS = [
     (["dataset.prototypes=0"], ["dataset.prototypes", ">= 1", "got 0"]),
     (["dataset.seed=-5"], ["dataset.seed", "0..2**63-1", "-5"]),
     (["dataset=fashion_mnist", "dataset.root=/nonexistent/fmnist"], ["dataset.root", "/nonexistent/fmnist", "dataset-fashion-mnist"]),
+    (["dataset.num_classes=1"], ["dataset.num_classes", "an integer >= 2", "got 1"]),
+    (["dataset.grid=0"], ["dataset.grid", "an integer >= 1", "got 0"]),
+    (["dataset.max_shift=-1"], ["dataset.max_shift", "an integer >= 0", "-1"]),
+    (["dataset.amplitude_jitter=-1"], ["dataset.amplitude_jitter", "[0, 1)", "-1"]),
     # ---- cluster: devices, links, traces ----
     (["cluster=pi4_wlan"], ["cluster=pi4_wlan: no such cluster", "did you mean cluster=pi4_wifi?"]),
     (["cluster.num_devices=0"], ["cluster.num_devices", ">= 1", "got 0"]),
@@ -95,6 +102,8 @@ BAD_INPUTS = [
     (["cluster.device.slowdown=-2"], ["cluster.device.slowdown", "a number > 0", "-2"]),
     (["cluster.device.slowdown=inf"], ["cluster.device.slowdown", "a number > 0", "inf"]),
     (["cluster.device.time_model=fast"], ["cluster.device.time_model", "'fast'", "analytic, profile, measured"]),
+    (["cluster.device.table=nonexistent_table"], ["cluster.device.table", "'nonexistent_table'", "accept_mobilenetv2_b128", "conf/profile_tables"]),
+    (["cluster.device.forward_fraction=1.5"], ["cluster.device.forward_fraction", "(0, 1)", "1.5"]),
     (["cluster.device.slots=0"], ["cluster.device.slots", "an integer >= 1", "got 0"]),
     ([*PIPAR, "cluster.devices.server.cores=0"], ["cluster.devices.server.cores", "an integer >= 1", "got 0"]),
     ([*PIPAR, "+cluster.devices.server.slots=2"], ["cluster.devices.server.cores", "processor sharing", "FIFO slots", "set one of them"]),
@@ -110,6 +119,7 @@ BAD_INPUTS = [
     (["cluster.link.bandwidth_bps=0"], ["cluster.link.bandwidth_bps", "> 0 or .inf", "got 0"]),
     (["cluster.link.latency_s=nan"], ["cluster.link.latency_s", ">= 0", "nan"]),
     (["cluster.link.loss=1"], ["cluster.link.loss", "[0, 1)", "got 1"]),
+    (["cluster.link.retransmit_timeout_s=0"], ["cluster.link.retransmit_timeout_s", "> 0", "got 0"]),
     (["cluster.link.trace=[[0,-1]]"], ["cluster.link.trace[0]", "[t_s, bandwidth_bps]", "> 0 bit/s or .inf"]),
     # ---- scheduler: pipelines ----
     (["scheduler=nope"], ["scheduler=nope", "gpipe", "1f1b", "pipedream", "local"]),
@@ -147,6 +157,7 @@ BAD_INPUTS = [
     ([*PIPAR, "scheduler.dp_sigma=nan"], ["scheduler.dp_sigma", "finite", "nan"]),
     ([*PIPAR, "scheduler.failures=[[9,0]]"], ["scheduler.failures[0]", "[9, 0]", "device in 0..3"]),
     (["scheduler=pipar", "cluster=uniform"], ["cluster", "scheduler=pipar needs a device named 'server'", "cluster=pipar_4g"]),
+    (["cluster=uniform", "cluster.num_devices=100000", "scheduler=fl"], ["cluster", "needs a device named 'server'", "dev0..dev99999", "cluster.devices.server"]),
     (["scheduler=fl", "cluster=pipar_4g", "scheduler.aggregate_every=0"], ["scheduler.aggregate_every", ">= 1", "got 0"]),
     (["scheduler=sfl", "cluster=pipar_4g", "scheduler.server_model=both"], ["scheduler.server_model", "'both'", "per_device, shared"]),
     (["scheduler=sl", "cluster=pipar_4g", "scheduler.N=4"], ["scheduler.N", "sl trains one batch at a time"]),
@@ -168,6 +179,12 @@ BAD_INPUTS = [
     ([*MQTT, "transport.broker.port=abc"], ["transport.broker.port", "'abc' is not an integer", "0..65535"]),
     ([*MQTT, "transport.chunk_bytes=10"], ["transport.chunk_bytes", "between 1024 and 2**30", "got 10"]),
     ([*MQTT, "transport.connect_timeout_s=inf"], ["transport.connect_timeout_s", "finite", "inf"]),
+    ([*MQTT, "transport.connect_timeout_s=0"], ["transport.connect_timeout_s", "> 0", "got 0"]),
+    ([*MQTT, "transport.reconnect_initial_s=0"], ["transport.reconnect_initial_s", "> 0", "got 0"]),
+    ([*MQTT, "transport.reconnect_max_s=-1"], ["transport.reconnect_max_s", "> 0", "-1"]),
+    ([*MQTT, "transport.reconnect_max_s=0.05"], ["transport.reconnect_max_s", ">= transport.reconnect_initial_s=0.1", "0.05"]),
+    ([*MQTT, "transport.reconnect_timeout_s=0"], ["transport.reconnect_timeout_s", "> 0", "got 0"]),
+    ([*MQTT, "transport.credentials_file=/nonexistent"], ["transport.credentials_file", "runtime=local hands every role its credentials", "framework.worker", "leave it null"]),
     # ---- runtime ----
     (["runtime=lcoal"], ["runtime=lcoal: no such runtime", "did you mean runtime=local?"]),
     (["runtime=local"], ["transport.name", "runtime=local needs a network transport", "transport=mqtt"]),
@@ -189,6 +206,8 @@ BAD_INPUTS = [
     (["tracking.flush_every=0"], ["tracking.flush_every", ">= 1", "got 0"]),
     (["tracking.optimized_direction=up"], ["tracking.optimized_direction", "'up'", "max, min"]),
     (["tracking.metric_floor.min=nan"], ["tracking.metric_floor.min", "finite", "nan"]),
+    (["tracking.optimized_metric=val/accuracy"], ["tracking.optimized_metric", "'val/accuracy' is not a metric", "did you mean val/acc?", "time/epoch_virtual_s", "more"]),
+    (["tracking.metric_floor.metric=accuracy", "tracking.metric_floor.min=0.5"], ["tracking.metric_floor.metric", "'accuracy' is not a metric", "val/acc"]),
 ]
 
 # rows also run through the real CLI in the default suite, side by side: one per place a line
@@ -201,15 +220,17 @@ def row_id(args) -> str:
     return " ".join(args)
 
 
-def start_cli(args, cwd, env_extra=None) -> subprocess.Popen:
+def start_cli(args, cwd, env_extra=None, flags=()) -> subprocess.Popen:
+    """`python -m framework <flags> BASE <args>` (Hydra's flags first: its parser takes the
+    overrides as one run of arguments)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env.pop("HYDRA_FULL_ERROR", None)
     env.update(env_extra or {})
-    return subprocess.Popen([sys.executable, "-m", "framework", *BASE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen([sys.executable, "-m", "framework", *flags, *BASE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def cli(args, cwd, env_extra=None) -> subprocess.CompletedProcess:
-    proc = start_cli(args, cwd, env_extra)
+def cli(args, cwd, env_extra=None, flags=()) -> subprocess.CompletedProcess:
+    proc = start_cli(args, cwd, env_extra, flags)
     out, err = proc.communicate(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -252,7 +273,88 @@ def test_bad_input_is_one_line_naming_the_key(table, args, needles):
     assert "\n" not in line and "Traceback" not in line, line
     for n in needles:
         assert n in line, (n, line)
+    assert len(f"error: {line}") <= LINE_MAX and "more characters]" not in line, f"a line of {len(line)} characters (or cut by the guard): say less at its source ({line[:80]}...)"
     assert table.get(row_id(args)) == f"error: {line}", f"docs/bad_inputs.md is stale for {row_id(args)!r}: python -m tests.test_bad_inputs --table"
+
+
+def test_every_documented_line_fits_one_line(table):
+    """Each line of docs/bad_inputs.md is at most LINE_MAX characters, said in full at its source
+    (not cut by the guard in framework.errors.one_line)."""
+    assert len(table) == len(BAD_INPUTS)
+    long = {given: len(said) for given, said in table.items() if len(said) > LINE_MAX or "more characters]" in said}
+    assert not long, long
+
+
+def test_long_lists_are_summarised():
+    """A list in a message names runs of numbered names as a range and stops after a few; the
+    guard cuts whatever line is still too long, at a word, and says how much it cut."""
+    from framework.errors import listing, one_line
+
+    assert listing([f"dev{i}" for i in range(100_000)] + ["server"]) == "dev0..dev99999, server"
+    assert listing(["dev0", "dev1", "server"]) == "dev0, dev1, server"  # two are no run
+    assert listing(["dev0", "dev2", "dev3", "dev4", "x1"]) == "dev0, dev2..dev4, x1"
+    assert listing("abcdefghij", most=4) == "a, b, c, ... and 7 more"
+    text = "cluster: the devices are " + ", ".join(f"host{i * 7}" for i in range(100_000))
+    cut = one_line(text)
+    assert len("error: " + cut) <= LINE_MAX and cut.startswith("cluster: the devices are host0, host7") and cut.endswith(f"[{len(text) - cut.index(' ... [')} more characters]"), cut
+    assert one_line("short") == "short" and one_line("a traceback\n" + "x" * 1000).endswith("x" * 1000)  # a report of several lines is kept
+
+
+def _user_cluster(root: Path, text: str) -> Path:
+    (root / "cluster").mkdir(parents=True)
+    (root / "cluster" / "mine.yaml").write_text(text)
+    return root
+
+
+MINE = """\
+# a cluster of the user's own, outside the repo
+defaults:
+  - /schema/cluster/base@_here_
+  - _self_
+name: mine
+num_devices: 2
+device:
+  flops_per_s: 2.0e9
+link:
+  bandwidth_bps: 1.0e8
+  latency_s: 0.001
+"""
+
+
+def test_a_users_config_folder_adds_options(tmp_path):
+    """A cluster of the user's own, in a folder given with --config-dir or hydra.searchpath, is
+    an option like the shipped ones: chosen, listed among the choices, and run."""
+    from framework.input_errors import check_args
+
+    conf = _user_cluster(tmp_path / "my conf", MINE)  # a space in the path, quoted for Hydra
+    by_dir, by_path = ["--config-dir", str(conf)], [f"hydra.searchpath=['file://{conf}']"]
+    for extra in (by_dir, by_path):
+        assert check_args([*extra, *BASE, "cluster=mine"]) is None, extra
+        assert check_args([*extra, *BASE, "cluster=mine", "cluster.num_devices=0"]) == "cluster.num_devices: must be an integer >= 1, got 0"
+        line = check_args([*extra, *BASE, "cluster=mien"])
+        assert line.startswith("cluster=mien: no such cluster (did you mean cluster=mine?); choices: ") and "mine, pi4_wifi" in line, line
+    assert check_args(["--config-dir", str(tmp_path / "nowhere"), *BASE, "cluster=mine"]).startswith(f"--config-dir: {tmp_path / 'nowhere'} is not a folder")
+    procs = [subprocess.Popen([sys.executable, "-m", "framework", *extra, *BASE, "cluster=mine", f"hydra.run.dir={tmp_path / str(i)}"], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+             for i, extra in enumerate((by_dir, by_path))]
+    for i, proc in enumerate(procs):  # side by side: each is mostly start-up
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and "val/acc" in out, (out, err)
+        ran = yaml.safe_load((tmp_path / str(i) / ".hydra" / "config.yaml").read_text())["cluster"]
+        assert ran["name"] == "mine" and ran["device"]["flops_per_s"] == 2.0e9
+        assert json.loads((tmp_path / str(i) / "summary.json").read_text())["iterations"] == 2
+
+
+def test_a_users_config_file_that_is_not_yaml_is_named_with_its_line(tmp_path):
+    from framework.input_errors import check_args
+
+    conf = _user_cluster(tmp_path / "conf", MINE.replace("num_devices: 2", "num_devices: [2"))
+    for extra in (["--config-dir", str(conf)], [f"hydra.searchpath=[file://{conf}]"]):
+        line = check_args([*extra, *BASE, "cluster=mine"])
+        assert line.startswith(f"cluster=mine: {conf / 'cluster' / 'mine.yaml'}, line 7, column 7: not valid YAML: expected ',' or ']'"), line
+        assert "line 6" in line and "no such cluster" not in line, line  # where the open list starts
+    res = cli(["cluster=mine"], tmp_path, flags=["--config-dir", str(conf)])
+    assert res.returncode == 2 and res.stderr.strip() == "error: " + check_args(["--config-dir", str(conf), *BASE, "cluster=mine"]), res.stderr
 
 
 def _assert_cli_line(res, args):

@@ -424,6 +424,46 @@ def test_forged_kinds_and_fields_are_wire_errors_not_key_errors():
         ctl_pack({"kind": "it", "iteration": 1, "samples": 2, "now": 0.1})
 
 
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"])
+def test_non_finite_numbers_are_wire_errors(text):
+    """Python's json reads NaN, Infinity and 1e999 (as inf): a time or a loss of that would
+    poison every sum and maximum the coordinator takes; each numeric field the receiver reads
+    must be finite, inside a timeline too."""
+    heads = ['{"kind": "it", "epoch": 0, "iteration": 1, "samples": 2, "now": %s}',
+             '{"kind": "train", "loss_sum": %s, "correct": 1, "n": 2}',
+             '{"kind": "go", "epoch": 1, "t": %s}',
+             '{"kind": "start", "t_ref": %s}',
+             '{"kind": "epoch", "epoch": 0, "now": 1.0, "timeline": [["c", "dev0", "fwd", 0.5, %s, 0, 0, 0]]}',
+             '{"kind": "result", "timeline": [], "stats": {}, "role_stats": {}, "process": {}, "end": %s}']
+    for head in heads:
+        data = (head % text).encode()
+        with pytest.raises(WireError, match="missing or malformed"):
+            ctl_unpack(struct.pack("<I", len(data)) + data)
+    with pytest.raises(WireError):  # the sender finds out first
+        ctl_pack({"kind": "it", "epoch": 0, "iteration": 1, "samples": 2, "now": float(text)})
+
+
+@pytest.mark.parametrize("header", [
+    {"kind": "it", "epoch": -1, "iteration": 1, "samples": 2, "now": 0.5},
+    {"kind": "it", "epoch": 0, "iteration": 1, "samples": -2, "now": 0.5},
+    {"kind": "go", "epoch": -3, "t": 1.0},
+    {"kind": "train", "loss_sum": 1.0, "correct": -1, "n": 2},
+    {"kind": "train", "loss_sum": 1.0, "correct": 3, "n": 2},  # more right than seen
+    {"kind": "epoch", "epoch": 0, "now": 1.0, "timeline": [["c", "dev0", "fwd", 0.5, 0.6, -2, 0, 0]]},
+    {"kind": "epoch", "epoch": 0, "now": 1.0, "timeline": [["t", "dev0->dev1", 0.5, 0.6, -10, 0, 0, "send", None]]},
+    {"kind": "epoch", "epoch": 0, "now": 1.0, "timeline": [["t", "dev0->dev1", 0.5, 0.6, 10, 0, 0, "send", -1]]},
+], ids=["epoch", "samples", "go_epoch", "correct", "correct_over_n", "interval_index", "bytes", "raw_bytes"])
+def test_numbers_out_of_their_range_are_wire_errors(header):
+    head = json.dumps(header).encode()
+    with pytest.raises(WireError, match=f"control message {header['kind']!r}"):
+        ctl_unpack(struct.pack("<I", len(head)) + head)
+    with pytest.raises(WireError):
+        ctl_pack(header)
+    # the same message in range passes: none (-1) is an interval's index, and correct == n
+    assert ctl_unpack(ctl_pack({"kind": "train", "loss_sum": 0.0, "correct": 2, "n": 2}))[0]["correct"] == 2
+    assert ctl_unpack(ctl_pack({"kind": "epoch", "epoch": 0, "now": 1.0, "timeline": [["c", "dev0", "step", 0.5, 0.6, -1, -1, -1]]}))
+
+
 # ---- rejections are counted, and the run goes on ---------------------------------------------------
 
 

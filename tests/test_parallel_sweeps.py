@@ -434,11 +434,32 @@ def test_a_bad_objective_fails_before_anything_runs(overrides, needles):
         assert n in str(e.value), str(e.value)
 
 
+def test_a_metric_no_run_records_is_an_error_before_anything_runs():
+    """A sweep optimising `val/accuracy` would end with no best run and no word why."""
+    for key in ("tracking.optimized_metric", "tracking.metric_floor.metric"):
+        with pytest.raises(ConfigError, match=rf"{key}: 'val/accuracy' is not a metric a run records \(did you mean val/acc\?\); runs record val/acc, "):
+            validate(compose_cfg([f"{key}=val/accuracy", "tracking.metric_floor.min=0.5"]))
+    for name in ("util/busy_frac/dev3", "net/bytes/dev0_to_dev1", "replay/discarded", "compression/bits_fwd"):  # per role, per link, a plugin's
+        validate(compose_cfg([f"tracking.optimized_metric={name}"]))
+
+
+@pytest.mark.parametrize("scheduler", [[], ["scheduler=pipar", "cluster=pipar_4g"], ["experiment=adalearner"], ["experiment=feature_replay_pi"], ["experiment=edgepipe"]],
+                         ids=["gpipe", "pipar", "adalearner", "feature_replay", "super_neuron"])
+def test_every_metric_a_run_records_is_declared(tmp_path, scheduler):
+    """What `tracking.optimized_metric` may name (framework.objective.declare_metrics) covers what
+    runs record: the core's metrics and each family of schedulers' own."""
+    timing = [] if scheduler == ["experiment=edgepipe"] else ["runtime.numerics=false"]  # super_neuron runs with numerics only
+    tiny = [o for o in TINY if not o.startswith("model=")]  # each its own model (feature replay's table prices a resnet50)
+    summary = Job(compose_cfg(scheduler + tiny + ["train.iterations_per_epoch=2"] + timing), tmp_path).run()
+    metrics = objective.run_metrics(summary)
+    assert "time/epoch_virtual_s" in metrics and not [k for k in metrics if not objective.known_metric(k)]
+
+
 def test_a_floor_on_a_metric_the_run_does_not_record_is_an_error(tmp_path):
-    cfg = compose_cfg(TINY + ["tracking.metric_floor.metric=val/accuracy", "tracking.metric_floor.min=0.5"])
-    validate(cfg)  # a metric's name is only known once the run has recorded its metrics
+    cfg = compose_cfg(TINY + ["tracking.metric_floor.metric=replay/discarded", "tracking.metric_floor.min=0.5"])
+    validate(cfg)  # a metric some run records (feature replay's), which this one does not: known once it ran
     summary = Job(cfg, tmp_path / "run").run()
     metrics = objective.run_metrics(summary)
     assert metrics["time/epoch_virtual_s"] == summary["history"]["time/epoch_virtual_s"][-1]  # per-epoch metrics: the last epoch's
-    with pytest.raises(ConfigError, match=r"tracking.metric_floor.metric: 'val/accuracy' is not a metric this run recorded.*val/acc"):
+    with pytest.raises(ConfigError, match=r"tracking.metric_floor.metric: 'replay/discarded' is not a metric this run recorded.*val/acc"):
         objective.require_floor_metric(metrics, cfg.tracking)

@@ -5,11 +5,14 @@ Anyone on the broker can publish one, so `ctl_unpack` bounds what it parses: a h
 MAX_HEADER_BYTES, nested at most MAX_DEPTH deep (counted on the bytes first: json.loads recurses
 once per level), of a kind the receiver expects, with the fields SCHEMA lists for it. The
 receiver counts a rejected message and goes on; `ctl_pack` checks the same, so a message its
-receiver would reject fails loudly at the sender instead of vanishing."""
+receiver would reject fails loudly at the sender instead of vanishing. A number SCHEMA reads is
+finite (JSON as Python reads it has NaN, Infinity and 1e999) and in its field's range: counts
+>= 0, a timeline's indices >= -1 (none), a batch's correct answers at most its samples."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 
@@ -29,8 +32,20 @@ def _int(v) -> bool:
     return type(v) is int and -(1 << 63) <= v < 1 << 63  # not bool; 10**400 overflows float arithmetic
 
 
+def _count(v) -> bool:
+    """An epoch, an iteration, a number of samples or bytes: an integer >= 0."""
+    return _int(v) and v >= 0
+
+
+def _index(v) -> bool:
+    """A timeline interval's iteration, micro-batch or group: >= 0, or -1 for none."""
+    return _int(v) and v >= -1
+
+
 def _num(v) -> bool:
-    return type(v) is float or _int(v)
+    """A finite number: json.loads reads NaN, Infinity and 1e999 (inf) too, and a time or a loss
+    of that would poison every sum and maximum the coordinator takes of it."""
+    return (type(v) is float and math.isfinite(v)) or _int(v)
 
 
 def _loss(v) -> bool:
@@ -53,8 +68,8 @@ def _counters(v) -> bool:
 
 
 _INTERVAL = {  # role_process timeline entries, as Timeline.compute / Timeline.transfer take them
-    "c": (_str, _str, _num, _num, _int, _int, _int),  # role, work kind, start, end, iteration, microbatch, group
-    "t": (_str, _num, _num, _int, _int, _int, _str, lambda v: v is None or _int(v)),  # link, start, end, bytes, it, mb, kind, raw bytes
+    "c": (_str, _str, _num, _num, _index, _index, _index),  # role, work kind, start, end, iteration, microbatch, group
+    "t": (_str, _num, _num, _count, _index, _index, _str, lambda v: v is None or _count(v)),  # link, start, end, bytes, it, mb, kind, raw bytes
 }
 
 
@@ -73,16 +88,18 @@ SCHEMA = {
     # coordinator -> role, each on the tag of its kind
     "setup": {"config": _obj, "plan": _obj, "run_id": _str},
     "start": {"t_ref": _num},
-    "go": {"epoch": _int, "t": _num},
+    "go": {"epoch": _count, "t": _num},
     # role -> coordinator, on CTL
     "built": {},
-    "it": {"epoch": _int, "iteration": _int, "samples": _int, "now": _num},
-    "train": {"loss_sum": _loss, "correct": _int, "n": _int},
-    "epoch": {"epoch": _int, "now": _num, "timeline": _intervals},
+    "it": {"epoch": _count, "iteration": _count, "samples": _count, "now": _num},
+    "train": {"loss_sum": _loss, "correct": _count, "n": _count},
+    "epoch": {"epoch": _count, "now": _num, "timeline": _intervals},
     "result": {"timeline": _intervals, "stats": _counters, "role_stats": _obj, "process": _obj, "end": _num},
     "error": {"traceback": _str},
 }
 TO_COORDINATOR = ("built", "it", "train", "epoch", "result", "error")
+# kind -> (check of the whole header, what it requires): ranges that span fields
+ACROSS = {"train": (lambda h: h["correct"] <= h["n"], "correct <= n")}
 
 
 def check_header(header, kinds=tuple(SCHEMA)) -> dict:
@@ -93,6 +110,9 @@ def check_header(header, kinds=tuple(SCHEMA)) -> dict:
     for field, ok in SCHEMA[kind].items():
         if field not in header or not ok(header[field]):
             raise WireError(f"control message {kind!r}: field {field!r} is missing or malformed")
+    across = ACROSS.get(kind)
+    if across is not None and not across[0](header):
+        raise WireError(f"control message {kind!r}: needs {across[1]}")
     return header
 
 

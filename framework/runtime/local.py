@@ -38,7 +38,7 @@ import uuid
 from typing import Callable
 
 from framework import secret_pipe
-from framework.errors import ConfigError, PipelabError, WireError
+from framework.errors import ConfigError, PipelabError, WireError, listing
 from framework.nonfinite import NonFiniteError
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.base import Runtime
@@ -201,7 +201,7 @@ class LocalRuntime(Runtime):
                 await self._race(asyncio.wait_for(ready_event.wait(), self.cfg.join_timeout_s), failure)
             except asyncio.TimeoutError:
                 missing = sorted(set(roles) - ready)
-                raise RoleFailed(f"roles did not join within runtime.join_timeout_s={self.cfg.join_timeout_s:g}s: missing {', '.join(missing)}") from None
+                raise RoleFailed(f"roles did not join within runtime.join_timeout_s={self.cfg.join_timeout_s:g}s: missing {listing(missing)}") from None
             setup = {"kind": "setup", "config": _plain(self.run_config), "plan": scheduler.plan(), "run_id": self.run_id}
             packet = ctl_pack(setup, {k: v.detach() for k, v in scheduler.ctx.model.state_dict().items()})
             for role in roles:

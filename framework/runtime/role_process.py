@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from framework.cluster import Work
 from framework import nonfinite
-from framework.errors import PipelabError, WireError
+from framework.errors import PipelabError, WireError, listing
 from framework.runtime.base import PeerLost, RoleContext, check_retries
 from framework.runtime.control import COORDINATOR, CTL, ctl_pack, ctl_unpack
 from framework.transport import TransportError
@@ -351,7 +351,7 @@ def _build_role(build, header: dict, weights: dict | None, role: str):
     sctx, sched = build(header["config"], header["plan"])
     devices = sched.role_devices()
     if role not in devices:
-        raise RoleFailed(f"no role {role!r} in this run; roles: {', '.join(devices)}")
+        raise RoleFailed(f"no role {role!r} in this run; roles: {listing(devices)}")
     if weights:
         sctx.model.load_state_dict(weights)  # the coordinator's initial model, whatever this host's RNG
     if sctx.cfg.runtime.numerics:

@@ -19,7 +19,7 @@ import torch
 from framework import torch_device
 from framework.clock import VirtualClockLoop, run_virtual
 from framework.cluster import Cluster
-from framework.errors import ConfigError
+from framework.errors import ConfigError, listing
 from framework.long_lived import long_lived
 from framework.runtime.base import Runtime, RuntimeHooks, check_retries
 from framework.runtime.deferred import DeferredCompute
@@ -40,7 +40,7 @@ def batches_replicas(cfg, cluster: Cluster, device: torch.device) -> bool:
         return False
     measured = [n for n, d in cluster.devices.items() if d.cfg.time_model == "measured"]
     if measured:
-        raise ConfigError("runtime.batch_replicas", f"needs time models that do not time the call itself; device(s) {', '.join(measured)} use time_model=measured (set runtime.batch_replicas=false)")
+        raise ConfigError("runtime.batch_replicas", f"needs time models that do not time the call itself; device(s) {listing(measured)} use time_model=measured (set runtime.batch_replicas=false)")
     return True
 
 
@@ -82,7 +82,7 @@ class SimRuntime(Runtime):
 
     def send(self, src, dst, tag, payload, iteration, microbatch, reliable, retries=0, moved=False) -> None:
         if dst not in self.contexts:
-            raise ConfigError("scheduler", f"role {src!r} sends to unknown role {dst!r}; roles: {', '.join(self.contexts)}")
+            raise ConfigError("scheduler", f"role {src!r} sends to unknown role {dst!r}; roles: {listing(self.contexts)}")
         check_retries(reliable, retries)
         tensors = payload if isinstance(payload, dict) else {"x": payload}
         box = self.mailbox(src, dst, tag)

@@ -30,10 +30,8 @@ FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 HOW_TO_GET = (
-    "On Debian/Ubuntu install them with `sudo apt-get install dataset-fashion-mnist` (they land "
-    f"in {DEFAULT_ROOT}); elsewhere download the four IDX files (train-images-idx3-ubyte.gz, "
-    "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) from "
-    "https://github.com/zalandoresearch/fashion-mnist into a folder and pass dataset.root=<folder>."
+    f"`sudo apt-get install dataset-fashion-mnist` puts it in {DEFAULT_ROOT}, or download its IDX files "
+    "from https://github.com/zalandoresearch/fashion-mnist into dataset.root=<folder>"
 )
 
 
@@ -43,10 +41,8 @@ def fashion_mnist(cfg) -> Dataset:
     paths = {key: _find(root, base) for key, base in FILES.items()}
     missing = [FILES[k] for k, p in paths.items() if p is None]
     if missing:
-        raise DataError(
-            f"Fashion-MNIST files not found in {root!r} (missing: {', '.join(missing)}, "
-            f"with or without .gz). {HOW_TO_GET}"
-        )
+        some = "no IDX files" if len(missing) == len(FILES) else "missing " + ", ".join(missing)
+        raise DataError(f"dataset.root: no Fashion-MNIST in {root!r} ({some}, .gz or not); {HOW_TO_GET}")
 
     x_tr, y_tr = _pair(paths["train_images"], paths["train_labels"])
     x_te, y_te = _pair(paths["test_images"], paths["test_labels"])

@@ -7,8 +7,24 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from framework.config import DatasetConfig
+from framework.validate_numbers import Range
 
 DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
+
+
+# the ranges of the synthetic sets' knobs, checked when a set is built (plugins/datasets/synthetic.py)
+SYNTHETIC_RANGES = {
+    "num_classes": Range(2, integer=True, note="a classifier needs two: with one, every guess is right"),
+    "n_train": Range(1, integer=True, note="normalisation uses train statistics"),
+    "n_val": Range(0, integer=True),
+    "n_test": Range(0, integer=True),
+    "noise": Range(0, note="std of the noise, relative to a class pattern's"),
+    "prototypes": Range(1, integer=True, note="modes per class"),
+    "grid": Range(1, integer=True, note="the prototypes' resolution before upsampling"),
+    "max_shift": Range(0, integer=True, note="pixels, or time steps"),
+    "amplitude_jitter": Range(0, 1, high_open=True, note="a sample's amplitude is uniform in 1 +- this"),
+    "freq_jitter": Range(0, 1, high_open=True, note="relative frequency jitter"),
+}
 
 
 @dataclass

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from framework.data import Dataset
 from framework.errors import ConfigError
-from plugins.datasets.schemas import SyntheticCifar10Config, SyntheticConfig, SyntheticHarConfig, SyntheticMnistConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
+from plugins.datasets.schemas import SYNTHETIC_RANGES, SyntheticCifar10Config, SyntheticConfig, SyntheticHarConfig, SyntheticMnistConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def make_synthetic(cfg, name: str, *, inputs: bool = True, sinusoids: bool = Fal
     shape = [int(d) for d in _get(cfg, "shape")]
     k = int(_get(cfg, "num_classes"))
     sizes = [int(_get(cfg, f"n_{s}")) for s in ("train", "val", "test")]
-    _check(cfg, shape, k, sizes)
+    _check(cfg, shape)
     g = torch.Generator().manual_seed(int(_get(cfg, "seed", 0)))
 
     # labels first: balanced within every split (class c appears floor or ceil of n/k times)
@@ -175,20 +175,14 @@ def _standardise(x: torch.Tensor, n_train: int, per_channel: bool) -> torch.Tens
     return x.sub_(mean).div_(std.clamp_min(1e-6))
 
 
-def _check(cfg, shape, k, sizes) -> None:
+def _check(cfg, shape) -> None:
     if not shape or any(d < 1 for d in shape):
         raise ConfigError("dataset.shape", f"must be a non-empty list of positive sizes, got {shape}")
-    if k < 1:
-        raise ConfigError("dataset.num_classes", f"must be >= 1, got {k}")
-    for split, n in zip(("train", "val", "test"), sizes):
-        if n < 0:
-            raise ConfigError(f"dataset.n_{split}", f"must be >= 0, got {n}")
-    if sizes[0] < 1:
-        raise ConfigError("dataset.n_train", "must be >= 1 (normalisation uses train statistics)")
-    if float(_get(cfg, "noise")) < 0:
-        raise ConfigError("dataset.noise", f"must be >= 0, got {_get(cfg, 'noise')}")
-    if int(_get(cfg, "prototypes", 3)) < 1:
-        raise ConfigError("dataset.prototypes", f"must be >= 1, got {_get(cfg, 'prototypes')}")
+    for key, r in SYNTHETIC_RANGES.items():
+        value = _get(cfg, key)
+        why = r.problem(value) if value is not None else None  # a key this set has not: its default
+        if why:
+            raise ConfigError(f"dataset.{key}", why)
 
 
 def _get(cfg, key, default=None):

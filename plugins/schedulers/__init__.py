@@ -1,6 +1,7 @@
 """Built-in schedulers, declared (framework.registry.declare): the code is imported when a
 scheduler is built."""
 
+from framework.objective import declare_metrics
 from framework.registry import declare
 from plugins.schedulers.schemas import AdaLearnerConfig, CollabConfig, EdgeOnlyConfig, FeatureReplayConfig, FLConfig, JointDNNConfig, GPipeConfig, LocalConfig, OneFOneBConfig, PipeDreamConfig, SFLConfig, SLConfig, SuperNeuronConfig
 
@@ -29,3 +30,12 @@ declare("scheduler", "super_neuron", "plugins.schedulers.super_neuron:SuperNeuro
         doc="EdgePipe: super neurons (neuron chunks over contiguous layers) per device, Eq. 2 slot schedule, lossy links (Yoon et al. 2022)")
 declare("scheduler", "adalearner", "plugins.schedulers.adalearner:AdaLearner", schema=AdaLearnerConfig,
         doc="AdaLearner: data parallelism over one shared WLAN, fp32 or 1-bit error feedback, Algorithm 1 picks n (Mao et al.)")
+
+# the metrics these schedulers record beside the core's (what tracking.optimized_metric may name)
+declare_metrics(
+    "idle/server_s", "idle/device_mean_s", "idle/device_max_s", "plan/P", "plan/N", "plan/predicted_iter_s", "plan/search_s",  # pipar, fl, sfl, sl
+    "plan/n", "plan/predicted_iteration_s", "adalearner/iteration_s", "adalearner/speedup_vs_local", "adalearner/estimate_error",  # adalearner
+    "replay/discarded", "replay/peak_history", "replay/migrations",  # feature_replay
+    "net/data_per_message", "net/packets_per_message", "net/messages_sent", "plan/messages_per_minibatch", "plan/slot_s", "plan/mean_prr",  # super_neuron
+    *(f"test/lossy_acc_{k}" for k in ("mean", "std", "min", "frac_below_0.3")), "edgepipe/<rate>/<layer>",
+)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from framework.cluster import Work
-from framework.errors import ConfigError
+from framework.errors import ConfigError, listing
 from framework.models import clone_module
 from framework.scheduler import Scheduler
 from plugins.schedulers import adalearner_plan as ap
@@ -57,7 +57,7 @@ class AdaLearner(Scheduler):
         self.go_device = str(cfg.group_owner)
         cl = ctx.cluster
         if self.go_device not in cl.devices:
-            raise ConfigError("scheduler.group_owner", f"no device {self.go_device!r} in the cluster (it has {', '.join(cl.devices)}); use cluster=adalearner_wlan or add cluster.devices.{self.go_device}")
+            raise ConfigError("scheduler.group_owner", f"no device {self.go_device!r} in the cluster (it has {listing(cl.devices)}); use cluster=adalearner_wlan or add cluster.devices.{self.go_device}")
         self.candidates = [f"dev{i}" for i in range(int(cl.cfg.num_devices))]
         if cfg.max_workers is not None:
             if not 1 <= int(cfg.max_workers) <= len(self.candidates):
@@ -184,7 +184,7 @@ class AdaLearner(Scheduler):
             return GroupOwner(self)
         names = [r for r, _, _ in self.workers()]
         if role not in names:
-            raise KeyError(f"no role {role!r}; roles: go, {', '.join(names)}")
+            raise KeyError(f"no role {role!r}; roles: go, {listing(names)}")
         return Worker(self, names.index(role))
 
     def eval_model(self, states: dict[str, dict]):

@@ -35,7 +35,7 @@ import copy
 import time
 
 from framework.data import batches, shard_indices, split_microbatches
-from framework.errors import ConfigError
+from framework.errors import ConfigError, listing
 from framework.scheduler import Scheduler
 from plugins.schedulers import pipar_plan as plan_mod
 from plugins.schedulers.idle import idle_times
@@ -59,7 +59,7 @@ class Collaborative(Scheduler):
         self._check_config()
         cl = ctx.cluster
         if SERVER not in cl.devices:
-            raise ConfigError("cluster", f"scheduler={cfg.name} needs a device named '{SERVER}' (the cluster has {', '.join(cl.devices)}); use cluster=pipar_4g, pipar_4gplus, pipar_wifi or pipar_4g_hetero, or add cluster.devices.server")
+            raise ConfigError("cluster", f"scheduler={cfg.name} needs a device named '{SERVER}' (the cluster has {listing(cl.devices)}); use cluster=pipar_4g, pipar_4gplus, pipar_wifi or pipar_4g_hetero, or add cluster.devices.server")
         self.K = int(cl.cfg.num_devices)
         self.devices = [f"dev{k}" for k in range(self.K)]
         self.Q = len(ctx.model)
@@ -208,7 +208,7 @@ class Collaborative(Scheduler):
             return ServerRole(self, role, self.server_roles[role])
         if role == "fed":
             return FedRole(self)
-        raise KeyError(f"no role {role!r}; roles: {', '.join(self.role_devices())}")
+        raise KeyError(f"no role {role!r}; roles: {listing(self.role_devices())}")
 
     def optional_roles(self) -> set[str]:
         """Devices may drop out for good on a real runtime (the paper's disconnect handling)."""

@@ -50,7 +50,7 @@ import torch
 
 from framework import repartition as rp
 from framework.cluster import Work
-from framework.errors import ConfigError
+from framework.errors import ConfigError, listing
 from framework.scheduler import Role, Scheduler
 from plugins.schedulers import feature_replay_cost as cost
 from plugins.schedulers import feature_replay_pipeline as pipeline
@@ -92,7 +92,7 @@ class FeatureReplay(Scheduler):
                 raise ConfigError(f"scheduler.K_schedule[{i}]", f"{list(entry)} is not [epoch >= 0, K >= 0 or null]")
         for key, dev in (("edge_device", self.edge_device), ("cloud_device", self.cloud_device)):
             if dev not in ctx.cluster.devices:
-                raise ConfigError(f"scheduler.{key}", f"no device {dev!r}; devices: {', '.join(ctx.cluster.devices)}")
+                raise ConfigError(f"scheduler.{key}", f"no device {dev!r}; devices: {listing(ctx.cluster.devices)}")
         if self.edge_device == self.cloud_device:
             raise ConfigError("scheduler.cloud_device", f"edge and cloud are both {self.edge_device!r}; they need two devices and a link")
         if cfg.upstream not in ("edge", "cloud"):

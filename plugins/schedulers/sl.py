@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 from framework import checkpoint as ck
-from framework.errors import ConfigError
+from framework.errors import ConfigError, listing
 from framework.scheduler import Role
 from framework.stage import Stage
 from plugins.schedulers.collaborative import Collaborative
@@ -118,7 +118,7 @@ class SL(Collaborative):
             return SLServer(self)
         if role.startswith("dev") and role[3:].isdigit():
             return SLDevice(self, int(role[3:]))
-        raise KeyError(f"no role {role!r}; roles: {', '.join(self.role_devices())}")
+        raise KeyError(f"no role {role!r}; roles: {listing(self.role_devices())}")
 
     def optional_roles(self) -> set[str]:
         return set()  # the model travels through every device: losing one ends the run

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from framework.cluster import Work
-from framework.errors import ConfigError
+from framework.errors import ConfigError, listing
 from framework.scheduler import Role, Scheduler
 from plugins.schedulers import edgepipe_budget as budget
 from plugins.schedulers import edgepipe_curve as curve
@@ -229,7 +229,7 @@ class SuperNeuron(Scheduler):
 
         names = self.role_devices()
         if role not in names:
-            raise KeyError(f"no role {role!r}; roles: {', '.join(names)}")
+            raise KeyError(f"no role {role!r}; roles: {listing(names)}")
         return SuperNeuronRole(self, int(role[2:]))
 
     def eval_model(self, states: dict[str, dict]):

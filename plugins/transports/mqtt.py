@@ -696,6 +696,12 @@ class MqttNetwork(Network):
                               "for runtime=remote the coordinator prints each role's command with transport.credentials_file=<file it wrote>")
         return MqttTransport(self.cfg, self.address, creds)
 
+    def check_coordinator(self, runtime: str) -> None:
+        if self.cfg.credentials_file:
+            hands = "hands every role its credentials itself" if runtime == "local" else "writes each role's credentials file itself"
+            raise ConfigError("transport.credentials_file", f"runtime={runtime} {hands}; the key is for a role started by hand (python -m framework.worker role=... "
+                              "transport.credentials_file=<the file a runtime=remote coordinator wrote>): leave it null here")
+
     def worker_args(self) -> list[str]:
         from omegaconf import OmegaConf
 

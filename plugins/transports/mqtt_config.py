@@ -9,6 +9,7 @@ from typing import Optional
 
 from framework.config import TransportConfig
 from framework.errors import ConfigError
+from framework.validate_numbers import Range
 from plugins.transports.mqtt_frame import MACS
 
 
@@ -49,6 +50,16 @@ class MqttConfig(TransportConfig):
     tls_insecure: bool = False  # accept a certificate whose host name does not match
 
 
+# the timeouts and waits, in seconds (a wait of 0 would spin: every reconnection attempt at once)
+SECONDS = {
+    "connect_timeout_s": Range(0, low_open=True, note="seconds to wait for the broker"),
+    "reconnect_initial_s": Range(0, low_open=True, note="seconds before the first reconnection attempt; doubles up to reconnect_max_s"),
+    "reconnect_max_s": Range(0, low_open=True, note="the longest wait between reconnection attempts"),
+    "reconnect_timeout_s": Range(0, low_open=True, note="seconds without a broker before the run fails"),
+    "partial_timeout_s": Range(0, low_open=True, note="seconds a half-received message waits for its next chunk"),
+}
+
+
 def validate_config(cfg) -> None:
     if not 1024 <= cfg.chunk_bytes <= 1 << 30:
         raise ConfigError("transport.chunk_bytes", f"must be between 1024 and 2**30, got {cfg.chunk_bytes}")
@@ -62,10 +73,14 @@ def validate_config(cfg) -> None:
         raise ConfigError("transport.username", "a password needs a username")
     if not 1 <= cfg.max_message_bytes <= 1 << 40:
         raise ConfigError("transport.max_message_bytes", f"must be between 1 and 2**40, got {cfg.max_message_bytes}")
-    if not cfg.partial_timeout_s > 0:
-        raise ConfigError("transport.partial_timeout_s", f"must be > 0 s, got {cfg.partial_timeout_s}")
     if cfg.mac not in MACS:
         raise ConfigError("transport.mac", f"{cfg.mac!r} is not a choice; choices: {', '.join(MACS)}")
+    for key, r in SECONDS.items():
+        why = r.problem(getattr(cfg, key))
+        if why:
+            raise ConfigError(f"transport.{key}", why)
+    if cfg.reconnect_max_s < cfg.reconnect_initial_s:
+        raise ConfigError("transport.reconnect_max_s", f"the longest wait between reconnection attempts must be >= transport.reconnect_initial_s={cfg.reconnect_initial_s:g}, the first; got {cfg.reconnect_max_s:g}")
     port = cfg.broker.port
     if port is not None and not 0 <= int(port) <= 65535:
         raise ConfigError("transport.broker.port", f"must be a TCP port, 1-65535 (null or 0: a private broker on a free port), got {port}")
