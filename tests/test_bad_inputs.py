@@ -61,6 +61,7 @@ BAD_INPUTS = [
     (["train.lrr=0.1"], ["train.lrr: no such key", "did you mean train.lr?"]),
     (["+train.epoch=3"], ["train.epoch: no such key", "did you mean train.epochs"]),
     (["train.momentum=-1"], ["train.momentum", "[0, 1)", "-1"]),
+    (["train.on_nonfinite=sometimes"], ["train.on_nonfinite", "'sometimes' is not a choice", "fail, warn, ignore"]),
     (["train.momentum=1"], ["train.momentum", "[0, 1)", "got 1"]),
     (["train.weight_decay=-0.5"], ["train.weight_decay", ">= 0", "-0.5"]),
     (["train.weight_decay=inf"], ["train.weight_decay", ">= 0", "inf"]),
