@@ -16,6 +16,11 @@ tensor a role receives (`ctx.recv`), and each Stage's parameters after its optim
 non-finite gradient makes a non-finite parameter, so one check covers the gradient and the
 update; which of the two it was is told apart only when the check fails).
 
+Where: the role is the one whose computation or receive met the number; the iteration is the
+global (0-based) iteration that computation belonged to, or, where the role does not say, the
+run's iterations done by then. With `runtime.batch_replicas` a parameter's check runs in a batched
+flush that any role may set off, so the line names the stage (its units) but no role.
+
 Cost: a tensor is summed (a NaN or an infinity anywhere makes the sum non-finite) and only a
 non-finite sum is looked at element by element, since a sum of large finite values can
 overflow. Summing is ~15x cheaper than `torch.isfinite(x).all()`, which writes a mask first.

@@ -113,6 +113,8 @@ class SimContext(RoleContext):
         try:
             return await self._compute(work, fn, *args, iteration=iteration, microbatch=microbatch, group=group, **kwargs)
         except NonFiniteError as e:
+            if self.rt.deferred is not None:  # it may come from other roles' queued work, run now: whose is not known here
+                raise
             raise e.locate(self.role, iteration) from None
 
     async def _compute(self, work: Work, fn: Callable | None = None, *args, iteration=-1, microbatch=-1, group=-1, **kwargs) -> Any:
