@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import sys
+from contextlib import contextmanager
 
 import torch
 
@@ -122,15 +123,22 @@ class Guard:
                     return
 
     def parameters(self, named, where: str) -> None:
-        """After an optimizer step: every parameter finite. `named`: (name, parameter) pairs."""
+        """After an optimizer step: every parameter finite. `named`: (name, parameter) pairs.
+        Inside `held()` (a batched flush) the sums are kept and read after it."""
         if not self.enabled:
             return
         named = list(named)
+        if _held is not None:
+            if named:
+                _held.append((self, torch.stack([p.detach().sum() for _, p in named]).sum(), named, where))
+            return
         total = 0.0
         for _, p in named:
             total += float(p.detach().sum())
-        if math.isfinite(total):
-            return
+        if not math.isfinite(total):
+            self._find_parameter(named, where)
+
+    def _find_parameter(self, named, where: str) -> None:
         for name, p in named:
             if not bool(torch.isfinite(p.detach()).all()):
                 g = p.grad
@@ -141,3 +149,30 @@ class Guard:
     def summary(self) -> dict:
         """Under `warn`: how often each non-finite number was met, by role where it is known."""
         return {(f"{role}: " if role else "") + what: n for (role, what), n in self.warned.items()}
+
+
+_held: list | None = None  # checks made inside `held()`, not read yet
+
+
+@contextmanager
+def held():
+    """A block whose parameter checks read nothing back (a batched flush of deferred work: on a
+    GPU each read would make the host wait for every kernel queued before it); they are read in
+    one go when it ends, as the losses of the same work are."""
+    global _held
+    if _held is not None:  # nested: the outer block reads them
+        yield
+        return
+    _held = []
+    try:
+        yield
+    except BaseException:
+        _held = None
+        raise
+    checks, _held = _held, None
+    if not checks:
+        return
+    totals = torch.stack([t.to(torch.float64) for _, t, _, _ in checks]).tolist()
+    for (guard, _, named, where), total in zip(checks, totals):
+        if not math.isfinite(total):
+            guard._find_parameter(named, where)

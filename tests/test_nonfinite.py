@@ -68,6 +68,28 @@ def test_a_parameter_made_non_finite_by_its_gradient_or_by_the_update_is_told_ap
         nonfinite.Guard().parameters(lin.named_parameters(), "stage [0:1)")
 
 
+def test_inside_a_batched_flush_the_check_reads_nothing_until_it_ends():
+    """A flush of deferred work must not read values back (a GPU would stall): the parameters'
+    sums are kept and read when it ends, and the error is raised then."""
+    lin = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        lin.bias.fill_(float("inf"))
+    reached_the_end = False
+    with pytest.raises(nonfinite.NonFiniteError, match="non-finite update of parameter bias in stage"):
+        with nonfinite.held():
+            nonfinite.Guard().parameters(lin.named_parameters(), "stage [3:4)")
+            reached_the_end = True
+    assert reached_the_end
+
+
+def test_a_diverged_batched_run_fails_too(tmp_path):
+    cfg = compose_cfg([*TINY, "scheduler=pipar", "cluster=pipar_4g", "runtime.batch_replicas=true", "train.lr=1e9"])
+    job = Job(cfg, tmp_path / "run")
+    with pytest.raises(nonfinite.NonFiniteError, match="non-finite .*iteration"):
+        job.run()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["failure"]["kind"] == "nonfinite"
+
+
 def test_a_non_finite_loss_crosses_the_control_channel_by_its_name():
     """JSON has no NaN: under warn/ignore a role sends a non-finite loss as "nan"/"inf"; the
     coordinator's check then fails or warns. Nothing else passes as a loss."""

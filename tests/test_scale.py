@@ -37,7 +37,7 @@ def test_links_are_built_on_first_use_with_their_patterns_applied():
 
 
 def test_a_bad_link_value_still_fails_before_the_run():
-    with pytest.raises(ConfigError, match=r"cluster.links.dev\*->dev0.loss: must be in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=r"cluster.links.dev\*->dev0.loss: must be a number in \[0, 1\)"):
         Cluster(cluster_cfg(3, links={"dev*->dev0": {"loss": 1.5}}))
     with pytest.raises(ConfigError, match=r"cluster.link.bandwidth_bps"):
         Cluster(cluster_cfg(3, link={"bandwidth_bps": 0}))

@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from framework import replica_bank, replicas
+from framework import nonfinite, replica_bank, replicas
 from framework.runtime.placeholders import Pending, pending_in, resolve
 from framework.stage import Stage
 
@@ -189,14 +189,15 @@ class DeferredCompute:
     def flush(self) -> None:
         """Run every pending call (a dataflow program: see the module's docstring)."""
         try:
-            while self.pending:
-                calls, self.pending = self.pending, []
-                self.flushes += 1
-                self._run(calls)
-                self.calls += len(calls)
-                lost = next((c.error for c in calls if c.error is not None and c.handed_out), None)
-                if lost is not None:  # a placeholder's call failed: nobody would ask for its error
-                    raise lost
+            with nonfinite.held():  # the updated parameters' checks are read once the flush is done
+                while self.pending:
+                    calls, self.pending = self.pending, []
+                    self.flushes += 1
+                    self._run(calls)
+                    self.calls += len(calls)
+                    lost = next((c.error for c in calls if c.error is not None and c.handed_out), None)
+                    if lost is not None:  # a placeholder's call failed: nobody would ask for its error
+                        raise lost
         finally:
             replica_bank.hand_out_all()  # the roles run again: each sees its own gradients
         if self.on_flushed is not None:
