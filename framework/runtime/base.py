@@ -165,8 +165,8 @@ class Runtime(ABC):
         self.dropouts: list[dict] = []
         self.process_stats: dict[str, dict] = {}  # real runtimes: each role process's start-up and peak memory
         self.messages_lost = 0
-        # non-finite numbers (framework/nonfinite.py): `prepare` shares the run's guard with its stages
-        self.guard = nonfinite.Guard(run_config.train.on_nonfinite if run_config is not None else "fail")
+        # non-finite numbers (framework/nonfinite.py): `prepare` takes the run's guard, its stages'
+        self.guard = nonfinite.Guard()
 
     checkpoints = False  # whether `checkpoint`/`resume` work here (framework.checkpoint)
 
