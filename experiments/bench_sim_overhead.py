@@ -24,8 +24,9 @@ repeat back to back (slow drift of the machine's speed cancels within a pair).
     python experiments/bench_sim_overhead.py --scheduler pipar --devices 16 --model lenet --dataset synthetic_mnist
 
 `--baseline checks-off` compares two simulated runs instead: the default `train.on_nonfinite=fail`
-(every loss, received tensor and updated parameter checked for NaN/inf, framework/nonfinite.py)
-against `train.on_nonfinite=ignore` (no checks), same schedule and work; the ratio is their cost.
+(every loss and updated parameter checked for NaN/inf, framework/nonfinite.py) against
+`train.on_nonfinite=ignore` (no checks), same schedule and work; the ratio is their cost, within
+this machine's noise; it also prints the time spent inside the checks during the checked runs.
 """
 
 from __future__ import annotations
@@ -114,6 +115,26 @@ def plain_collaborative(job: Job, model: torch.nn.Module, k_devices: int, microb
     evaluate(job, model)
 
 
+def time_the_checks() -> list:
+    """[seconds, calls] inside framework.nonfinite.Guard's checks from now on (the warm-up run's
+    are taken off again by the caller)."""
+    from framework import nonfinite
+
+    spent = [0.0, 0]
+    for name in ("received", "parameters", "number"):
+        def timed(self, *a, _check=getattr(nonfinite.Guard, name), **k):
+            if not self.enabled:  # the unchecked runs' (train.on_nonfinite=ignore) return at once
+                return _check(self, *a, **k)
+            t0 = time.perf_counter()
+            try:
+                return _check(self, *a, **k)
+            finally:
+                spent[0] += time.perf_counter() - t0
+                spent[1] += 1
+        setattr(nonfinite.Guard, name, timed)
+    return spent
+
+
 def evaluate(job: Job, model: torch.nn.Module) -> None:
     model.eval()
     with torch.no_grad():
@@ -154,8 +175,11 @@ def main() -> None:
                 plain_loop(job, model, args.microbatches)
 
         checks_off = args.baseline == "checks-off"
+        timed = time_the_checks() if checks_off else None
         warm = make_job(args, Path(tmp) / "warm")  # first-touch costs (allocator, kernels) off the clock
         warm.train() if checks_off else plain(warm, copy.deepcopy(warm.model))
+        if timed is not None:
+            timed[:] = [0.0, 0]
         for r in range(args.repeats):
             job = make_job(args, Path(tmp) / f"r{r}")
             model = copy.deepcopy(job.model)
@@ -176,6 +200,8 @@ def main() -> None:
         shape = f"S={args.stages}, M={args.microbatches}, {args.iterations} iterations"
     print(f"simulator overhead: {args.scheduler}, {shape}, {args.model} on {args.dataset}, batch {args.batch_size}, torch threads {torch.get_num_threads()}")
     print(f"{'':<24}{'median s':>10}{'best s':>10}   runs (s)")
+    if args.baseline == "checks-off":  # the checks' own time, summed inside the checked runs: no noise between runs
+        print(f"the checks themselves: {timed[0] / sum(sim_s) * 100:.2f}% of the checked runs' wall time ({timed[1] // len(sim_s)} checks a run, {timed[0] / len(sim_s) * 1000:.1f} ms)")
     base, ours = ("sim, checks off", "sim, checks on") if args.baseline == "checks-off" else ("plain PyTorch loop", "pipelab runtime=sim")
     print(f"{base:<24}{p:>10.3f}{min(plain_s):>10.3f}   {', '.join(f'{x:.3f}' for x in plain_s)}")
     print(f"{ours:<24}{s:>10.3f}{min(sim_s):>10.3f}   {', '.join(f'{x:.3f}' for x in sim_s)}")

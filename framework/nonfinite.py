@@ -11,10 +11,14 @@ number does:
 - `ignore`: no checks at all (nothing is computed).
 
 Where the checks run, so that every scheduler gets them without code of its own: the loss a role
-reports (`ctx.report_train`, and the job's hook, which sees every loss on either runtime), every
-tensor a role receives (`ctx.recv`), and each Stage's parameters after its optimizer step (a
-non-finite gradient makes a non-finite parameter, so one check covers the gradient and the
-update; which of the two it was is told apart only when the check fails).
+reports (the job's hook, which sees every loss on either runtime), each Stage's parameters after
+its optimizer step (a non-finite gradient makes a non-finite parameter, so one check covers the
+gradient and the update; which of the two it was is told apart only when the check fails), and,
+on real runtimes, every tensor a role receives (`ctx.recv`: a broken or malicious peer must not
+pass as a finished run). The simulator does not check what roles pass each other in its one
+process: a message there is what a role computed, and a NaN in it reaches a checked loss or update
+within the same iteration. Checking them too cost 2.3-2.7% of a run (GPipe S=4 M=8 VGG-5, PiPar
+K=16 LeNet; one thread, 1,800 and 1,232 checks a run), over the 2% this may cost.
 
 Where: the role is the one whose computation or receive met the number; the iteration is the
 global (0-based) iteration that computation belonged to, or, where the role does not say, the

@@ -148,23 +148,23 @@ class SimContext(RoleContext):
     async def recv(self, src: str, tag: str, timeout: float | None = None):
         box = self.rt.mailbox(src, self.role, tag)
         if box.items:
-            return self._usable(box.items.popleft(), src, tag)
+            return self._usable(box.items.popleft())
         fut = self.rt.loop.create_future()
         box.waiters.append(fut)
         self.waiting_on = ("recv", tag, src)
         if timeout is not None:
             timer = self.rt.loop.sleep(timeout)
             timer.add_done_callback(lambda _: fut.done() or fut.set_result(None))
-        return self._usable(await fut, src, tag)
+        return self._usable(await fut)
 
-    def _usable(self, item, src: str, tag: str):
+    def _usable(self, item):
         """A message's placeholders pass on inside deferred_results(); elsewhere the role
         reads values."""
-        if not (self.deferring or self.rt.deferred is None or not pending_in(item)):
-            item = resolve(item)
-        if item is not None and self.rt.guard.enabled:  # placeholders are checked where their values are used
-            self.rt.guard.received(item, f"{tag!r} tensor received from {src}", self.role)
-        return item
+        # not checked for NaN here (framework/nonfinite.py): in this process a message is what a
+        # role computed, and a non-finite one reaches a checked loss or update in the same iteration
+        if self.deferring or self.rt.deferred is None or not pending_in(item):
+            return item
+        return resolve(item)
 
     async def end_epoch(self, epoch: int) -> None:
         self.waiting_on = ("epoch", epoch)
