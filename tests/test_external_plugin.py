@@ -52,17 +52,23 @@ register("scheduler", "demo_plain", schema=SchedulerConfig)(DemoGPipe)
 RUN = ["cluster=uniform", "model=mlp", "train.epochs=1", "train.iterations_per_epoch=2", "tracking=none", "runtime.progress=false"]
 
 
+def install_plugin(root: Path, package: str, source: str, entry: str) -> Path:
+    """`root`, which put on PYTHONPATH has `package` (one module, `source`) installed with the
+    `pipelab.plugins` entry point `entry`: a package directory and its `.dist-info`, all that
+    `importlib.metadata` looks for."""
+    (root / package).mkdir()
+    (root / package / "__init__.py").write_text(source)
+    info = root / f"{package}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[pipelab.plugins]\n{entry} = {package}\n")
+    return root
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """A directory that, put on PYTHONPATH, has `pipelab_ext_demo` installed."""
-    root = tmp_path_factory.mktemp("site")
-    (root / "pipelab_ext_demo").mkdir()
-    (root / "pipelab_ext_demo" / "__init__.py").write_text(PLUGIN)
-    info = root / "pipelab_ext_demo-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pipelab_ext_demo\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[pipelab.plugins]\ndemo = pipelab_ext_demo\n")
-    return root
+    return install_plugin(tmp_path_factory.mktemp("site"), "pipelab_ext_demo", PLUGIN, "demo")
 
 
 def cli(args, site: Path | None):

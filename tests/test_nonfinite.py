@@ -184,14 +184,9 @@ def poisoned_mlp(cfg, input_shape, num_classes):
 
 @pytest.fixture(scope="module")
 def poison_site(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("poison_site")
-    (root / "pipelab_poison").mkdir()
-    (root / "pipelab_poison" / "__init__.py").write_text(POISON)
-    info = root / "pipelab_poison-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pipelab_poison\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[pipelab.plugins]\npoison = pipelab_poison\n")
-    return root
+    from tests.test_external_plugin import install_plugin
+
+    return install_plugin(tmp_path_factory.mktemp("poison_site"), "pipelab_poison", POISON, "poison")
 
 
 @pytest.mark.slow  # two role processes and a broker (about 15 s)
