@@ -9,13 +9,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.test_cli_and_tracking import REPO, TINY, all_runs, cli
-from tests.test_faults import LONG, _start, _wait_until_training
+from tests.test_cli_and_tracking import TINY, all_runs, cli
+from tests.test_faults import LONG, _start, _wait_until_training, ctrl_c_of_a_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("mosquitto") is None, reason="needs mosquitto (apt-get install mosquitto)")]
 MQTT = ["runtime=local", "transport=mqtt"]
@@ -28,19 +27,7 @@ def _children(pid: int, pattern: str) -> list[int]:
 
 def test_ctrl_c_of_a_sweep_of_real_processes_prints_one_line(tmp_path, mlflow_store):
     tracking, client = mlflow_store
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    args = [sys.executable, "-m", "framework", "-m", "train.lr=0.01,0.02", *MQTT, *tracking, *LONG, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    # a terminal's Ctrl-C reaches its whole foreground process group: the coordinator, its roles and recorder
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not any("time/epoch_virtual_s" in r.data.metrics for r in all_runs(client)):
-            time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    proc, err = ctrl_c_of_a_sweep(["train.lr=0.01,0.02", *MQTT, *tracking, *LONG], tmp_path, client)  # the coordinator, its roles, its recorder
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("interrupted: "), err[-3000:]

@@ -126,24 +126,31 @@ def test_sigterm_of_a_local_run_leaves_no_process_or_directory(tmp_path, mlflow_
 @pytest.mark.slow
 def test_ctrl_c_of_a_joblib_sweep_leaves_no_run_running(tmp_path, mlflow_store):
     tracking, client = mlflow_store
+    proc, err = ctrl_c_of_a_sweep(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.lr=0.01,0.02,0.03", *tracking, *LONG], tmp_path, client, training=2)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    statuses = sorted(r.info.status for r in all_runs(client))
+    assert len(statuses) >= 3 and "RUNNING" not in statuses, statuses  # the parent and the jobs it had started
+    assert subprocess.run(["pgrep", "-f", f"sweep.dir={tmp_path}"], capture_output=True).returncode == 1  # nothing left running
+
+
+def ctrl_c_of_a_sweep(args, tmp_path, client, training: int = 1, timeout: float = 240):
+    """Start `python -m framework -m args` in a session of its own, wait until `training` jobs have
+    an epoch's metrics, then Ctrl-C it as a terminal would (the whole foreground process group:
+    the launcher, its workers or role processes, recorders); returns (process, stderr)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    args = [sys.executable, "-m", "framework", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.lr=0.01,0.02,0.03", *tracking, *LONG, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    # a terminal's Ctrl-C reaches the whole foreground process group: the launcher and its workers
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    argv = [sys.executable, "-m", "framework", "-m", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
-        deadline = time.time() + 180
-        while time.time() < deadline and sum("time/epoch_virtual_s" in r.data.metrics for r in all_runs(client)) < 2:
+        deadline = time.time() + timeout
+        while time.time() < deadline and sum("time/epoch_virtual_s" in r.data.metrics for r in all_runs(client)) < training:
             time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, err[-2000:]
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    statuses = sorted(r.info.status for r in all_runs(client))
-    assert len(statuses) >= 3 and "RUNNING" not in statuses, statuses  # the parent and the jobs it had started
-    assert subprocess.run(["pgrep", "-f", f"sweep.dir={tmp_path}"], capture_output=True).returncode == 1  # nothing left running
+    return proc, err
 
 
 def test_temp_folders_of_a_killed_run_are_removed_by_the_next_run(tmp_path, monkeypatch):
