@@ -110,14 +110,6 @@ class SimContext(RoleContext):
         await self.rt.loop.sleep_until(t)
 
     async def compute(self, work: Work, fn: Callable | None = None, *args, iteration=-1, microbatch=-1, group=-1, **kwargs) -> Any:
-        try:
-            return await self._compute(work, fn, *args, iteration=iteration, microbatch=microbatch, group=group, **kwargs)
-        except NonFiniteError as e:
-            if self.rt.deferred is not None:  # it may come from other roles' queued work, run now: whose is not known here
-                raise
-            raise e.locate(self.role, iteration) from None
-
-    async def _compute(self, work: Work, fn: Callable | None = None, *args, iteration=-1, microbatch=-1, group=-1, **kwargs) -> Any:
         rt = self.rt
         queue = rt.device_queues[self.device_name]
         self.waiting_on = ("device", work.kind)
@@ -130,7 +122,10 @@ class SimContext(RoleContext):
             else:
                 call, known = None, False
                 t0 = time.perf_counter()
-                result = fn(*args, **kwargs) if fn is not None else None
+                try:
+                    result = fn(*args, **kwargs) if fn is not None else None
+                except NonFiniteError as e:  # this role's own computation (a deferred one may be any role's: not located)
+                    raise e.locate(self.role, iteration) from None
                 duration = self.device.duration(work, start, time.perf_counter() - t0)
             self.waiting_on = ("compute", work.kind)
             end = await queue.hold(rt.loop, duration)  # longer than `duration` on a shared processor
