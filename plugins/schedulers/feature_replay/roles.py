@@ -1,4 +1,4 @@
-"""Feature replay's two roles (plugins.schedulers.feature_replay explains the schedule).
+"""Feature replay's two roles (plugins.schedulers.feature_replay.scheduler explains the schedule).
 
 `EdgeRole` owns units [0, cut), the raw data, the history queue (inside its Stage) and the
 online decision engine; `CloudRole` owns units [cut, L). Everything between them is a message
@@ -41,7 +41,7 @@ from framework.cluster import Work
 from framework.models import clone_module
 from framework.scheduler import Role
 from framework.stage import Stage
-from plugins.schedulers import feature_replay_cost as cost
+from plugins.schedulers.feature_replay import cost
 
 
 def _int_tensor(*values: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from plugins.schedulers.edgepipe_partition import Partition, max_message_width, messages
+from plugins.schedulers.edgepipe.partition import Partition, max_message_width, messages
 
 # Table II: ms per pass on a Raspberry Pi 2 Model B (mean of 10 trials). I = input, H = hidden, O = output.
 TABLE_II_MS = {

@@ -1,7 +1,7 @@
 """EdgePipe's time budget (Table III; notes 2.12, 2.13, 3): train for a fixed simulated time, not
 for a number of epochs. `scheduler.budget_min: 194` trains the most minibatches whose Eq. 2
 schedule fits in 194 minutes of the run's own slot clock (Theorem 1 inverted:
-edgepipe_timing.minibatches_in_budget with the plan's slot_s), drawn from consecutive epochs of
+edgepipe.timing.minibatches_in_budget with the plan's slot_s), drawn from consecutive epochs of
 the shuffled training data, "epoch e, step s" as the paper counts them.
 
 Decisions:
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from framework.errors import ConfigError
-from plugins.schedulers import edgepipe_timing as timing
+from plugins.schedulers.edgepipe import timing
 
 
 def check(cfg, run_cfg) -> None:

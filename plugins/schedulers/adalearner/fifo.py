@@ -13,7 +13,7 @@ of d channel seconds and the group owner's update g, an fp32 iteration takes
 
 The functions here play that protocol out iteration by iteration (max-plus: each event starts
 when what it waits for is done), with the pieces the roles really run (plugins/schedulers/
-adalearner_roles.py): a worker computes its slice and, with 1-bit, encodes; its upload takes the
+adalearner.roles): a worker computes its slice and, with 1-bit, encodes; its upload takes the
 channel when it is free (requests in time order); the group owner decodes each upload as it
 arrives (1-bit; one at a time, on its own device), then sums and steps, (1-bit) quantizes the sum
 once more, and queues the answers in arrival order; a worker goes on when its answer arrived

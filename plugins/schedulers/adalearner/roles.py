@@ -1,4 +1,4 @@
-"""AdaLearner's roles (plugins/schedulers/adalearner.py): the group owner and the worker nodes.
+"""AdaLearner's roles (plugins/schedulers/adalearner/scheduler.py): the group owner and the worker nodes.
 
 - `GroupOwner` (go): the global model. Per global minibatch it takes the n gradients in the
   order they arrive (FIFO), sums them, steps, and answers the workers in that order: the fp32

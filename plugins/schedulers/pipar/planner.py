@@ -1,7 +1,7 @@
 """Choosing each device's (P, N): PiPar's selection (Section III-C) wired to a run's parts.
 
-The math (Table I's DAG, Eq. 14, the shortlist) is in `pipar_plan`; the exhaustive "Opt" search
-in `pipar_search`; the trial-refined selection in `pipar_refine`. `Planner` prices a device-server
+The math (Table I's DAG, Eq. 14, the shortlist) is in `pipar.plan`; the exhaustive "Opt" search
+in `pipar.search`; the trial-refined selection in `pipar.refine`. `Planner` prices a device-server
 pair from the predictor, the links and the real packet sizes, and picks a plan per device:
 
 - `select=auto` (default): every (P, N) on the Table I DAG, priced as the simulator prices the
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from framework.cluster import Work
-from plugins.schedulers import pipar_plan as plan_mod
+from plugins.schedulers.pipar import plan as plan_mod
 
 SERVER = "server"
 SELECT = ("auto", "paper", "exhaustive", "refine")
@@ -224,14 +224,14 @@ class Planner:
             return plan(P, N, [plan_mod.candidate(model, P, N, self.B, n, est).as_dict()])
         p_range = [P] if P is not None else list(self.p_range())
         if method == "exhaustive":
-            from plugins.schedulers.pipar_search import exhaustive
+            from plugins.schedulers.pipar.search import exhaustive
 
             best, trials = exhaustive(self, k, p_range, [N] if N is not None else None)
             self.trial_cost += sum(t["iter_s"] for t in trials)
             return plan(best["P"], best["N"], trials)
         if method == "refine":
-            from plugins.schedulers.pipar_refine import refine, trial_cost
-            from plugins.schedulers.pipar_search import trial_iteration
+            from plugins.schedulers.pipar.refine import refine, trial_cost
+            from plugins.schedulers.pipar.search import trial_iteration
 
             best, trials = refine(self.pair_model(k, now), self.B, n, p_range, lambda P_, N_: trial_iteration(self, k, P_, N_), fixed_n=N, clamp=self.cfg.n_clamp, estimator=est)
             self.trial_cost += trial_cost(trials)
@@ -257,7 +257,7 @@ class Planner:
 
     def _layout(self):
         if self._lay is None:
-            from plugins.schedulers.model_vectors import UnitLayout
+            from plugins.schedulers.pipar.model_vectors import UnitLayout
 
             self._lay = UnitLayout(self.ctx.model)
         return self._lay

@@ -1,4 +1,4 @@
-"""EdgePipe's plan (plugins.schedulers.super_neuron explains it): the links' PRR, the mapping of
+"""EdgePipe's plan (plugins.schedulers.edgepipe.scheduler explains it): the links' PRR, the mapping of
 super neurons to devices, the slot length and the plan dict written to plan.json."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import torch
 
 from framework import wire
 from framework.errors import ConfigError
-from plugins.schedulers import edgepipe_budget as budget
-from plugins.schedulers import edgepipe_channel as channel
-from plugins.schedulers import edgepipe_curve as curve
-from plugins.schedulers import edgepipe_mapping as mapping
-from plugins.schedulers import edgepipe_partition as part
-from plugins.schedulers import edgepipe_recovery as recovery
-from plugins.schedulers import edgepipe_timing as timing
+from plugins.schedulers.edgepipe import budget
+from plugins.schedulers.edgepipe import channel
+from plugins.schedulers.edgepipe import curve
+from plugins.schedulers.edgepipe import mapping
+from plugins.schedulers.edgepipe import partition as part
+from plugins.schedulers.edgepipe import recovery
+from plugins.schedulers.edgepipe import timing
 
-log = logging.getLogger("plugins.schedulers.super_neuron")
+log = logging.getLogger("plugins.schedulers.edgepipe.scheduler")
 
 
 def prr(sched) -> tuple[np.ndarray, np.ndarray, dict]:

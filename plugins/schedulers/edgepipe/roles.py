@@ -1,9 +1,9 @@
-"""One EdgePipe super neuron as a role (plugins.schedulers.super_neuron explains the plan).
+"""One EdgePipe super neuron as a role (plugins.schedulers.edgepipe.scheduler explains the plan).
 
 A super neuron owns its neuron chunks (notes 2.5, destination partitioning): for each layer
 l >= 2 it holds, of neurons S = [lo, hi), the incoming weights W_l[S, :] and biases b_l[S]
 (torch's row-major Linear layout), and their SGD momentum. It runs its ops of Eq. 2's schedule
-(edgepipe_timing.schedule), each at the start of its slot on the global slot clock:
+(edgepipe.timing.schedule), each at the start of its slot on the global slot clock:
 
 - FW_1: sends its slice of the input (local data) to the other holders of layer 2;
 - FW_l: assembles the full previous activation a_{l-1} from its own slice and the slices the
@@ -25,10 +25,10 @@ l >= 2 it holds, of neurons S = [lo, hi), the incoming weights W_l[S, :] and bia
   `bwd_mode: masked`; `phantom` sends them anyway), and one SGD step on the latest weights.
 
 Messages carry the minibatch id; one that arrives after its slot started is late and dropped.
-With recovery (edgepipe_recovery) a message goes as r-TX's copies or with the link's ACK
-retries. With a time budget (edgepipe_budget) one schedule runs over all its minibatches, across
+With recovery (edgepipe.recovery) a message goes as r-TX's copies or with the link's ACK
+retries. With a time budget (edgepipe.budget) one schedule runs over all its minibatches, across
 data epochs. With `eval_every_min` the role keeps snapshots of its weights on the plan's slot
-grid (edgepipe_curve) and hands them over with its state.
+grid (edgepipe.curve) and hands them over with its state.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from framework.scheduler import Role
-from plugins.schedulers.edgepipe_curve import Snapshots
-from plugins.schedulers.super_neuron import linear_of
+from plugins.schedulers.edgepipe.curve import Snapshots
+from plugins.schedulers.edgepipe.scheduler import linear_of
 
 
 class SuperNeuronRole(Role):

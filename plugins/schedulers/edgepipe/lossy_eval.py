@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from plugins.schedulers.edgepipe_partition import Partition, messages
+from plugins.schedulers.edgepipe.partition import Partition, messages
 
 
 @torch.no_grad()

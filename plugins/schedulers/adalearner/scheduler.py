@@ -16,10 +16,10 @@ On `cluster=adalearner_wlan` every link shares one half-duplex channel (`shared_
 worker's upload first pays the radio's wake-up (`links.dev*->go.wakeup_s`: Eq. 4's D[j], once per
 worker and iteration), so the 2n transfers of an iteration queue one after another, as on the
 paper's hotspot. The GO answers in the order the gradients arrived (FIFO), so a worker answered
-first computes while the others are answered. Algorithm 1 (plugins/schedulers/adalearner_plan.py,
-adalearner_planner.py) picks the number of workers, their slices and the architecture from the
+first computes while the others are answered. Algorithm 1 (plugins/schedulers/adalearner/plan.py,
+adalearner.planner) picks the number of workers, their slices and the architecture from the
 devices' profiles (the run's predictor), the links and the codec's speed, by the iteration as the
-FIFO star runs it (`planner=fifo`, adalearner_fifo.py) or by the paper's Eq. 4 (`planner=paper`);
+FIFO star runs it (`planner=fifo`, adalearner.fifo) or by the paper's Eq. 4 (`planner=paper`);
 the choice and every n it looked at are in plan.json and under `plan` in summary.json.
 
 Decisions (notes section 9, where the paper is silent):
@@ -42,12 +42,12 @@ from framework.cluster import Work
 from framework.errors import ConfigError, listing
 from framework.models import clone_module
 from framework.scheduler import Scheduler
-from plugins.schedulers import adalearner_plan as ap
-from plugins.schedulers.schemas import AdaLearnerConfig  # noqa: F401  (registry.declare)
+from plugins.schedulers.adalearner import plan as ap
+from plugins.schedulers.adalearner.schema import AdaLearnerConfig  # noqa: F401  (registry.declare)
 
 PARTITIONS = ("linear", "lookup_table")
 ARCHITECTURES = ("auto", "fp32", "onebit")
-PLANNERS = ("fifo", "paper", "paper_printed")  # plugins/schedulers/adalearner_planner.py
+PLANNERS = ("fifo", "paper", "paper_printed")  # plugins/schedulers/adalearner/planner.py
 
 
 class AdaLearner(Scheduler):
@@ -168,7 +168,7 @@ class AdaLearner(Scheduler):
         return float(self.plan()["predicted_epoch_s"])
 
     def _make_plan(self) -> dict:
-        from plugins.schedulers.adalearner_planner import make_plan
+        from plugins.schedulers.adalearner.planner import make_plan
 
         return make_plan(self)
 
@@ -178,7 +178,7 @@ class AdaLearner(Scheduler):
         return {"go": self.go_device, **{r: d for r, d, _ in self.workers()}}
 
     def build_role(self, role: str):
-        from plugins.schedulers.adalearner_roles import GroupOwner, Worker
+        from plugins.schedulers.adalearner.roles import GroupOwner, Worker
 
         if role == "go":
             return GroupOwner(self)

@@ -3,11 +3,11 @@
 `scheduler.planner` picks the estimate Algorithm 1 compares the n's with:
 
 - `fifo` (default): the iteration as the roles run it on the shared channel, FIFO answers and
-  all (plugins/schedulers/adalearner_fifo.py): what the simulator measures, so the plan's
+  all (plugins/schedulers/adalearner/fifo.py): what the simulator measures, so the plan's
   predicted epoch is the run's (`plan/epoch_over_predicted`), and the n it picks is the fastest
   the run can have. Per n it takes fp32 or 1-bit, whichever is faster (Sec. VII: "estimates the
   time consumption with and without data compression and pick the one with less time").
-- `paper`: Eq. 4 with Eq. 7-9 (adalearner_plan.CommModel `eq4`): compute plus the 2n transfers one
+- `paper`: Eq. 4 with Eq. 7-9 (adalearner.plan.CommModel `eq4`): compute plus the 2n transfers one
   after another, one wake-up per worker (Eq. 4's D[j]), and Eq. 8's codec terms; the overlap of a
   worker computing while the others are answered is not in it.
 - `paper_printed`: Eq. 7 and 8 as printed (one direction, one constant D).
@@ -22,8 +22,8 @@ import math
 
 from framework.cluster import Work
 from framework.errors import ConfigError
-from plugins.schedulers import adalearner_plan as ap
-from plugins.schedulers.adalearner_fifo import StarCosts, fifo_epoch_s
+from plugins.schedulers.adalearner import plan as ap
+from plugins.schedulers.adalearner.fifo import StarCosts, fifo_epoch_s
 
 PLANNERS = ("fifo", "paper", "paper_printed")
 

@@ -13,7 +13,7 @@ the numbers its profile tables give (notes section 4.3):
   every iteration as the official code does);
 - Alg. 2 searches every cut and bit width for the least M + U (K is scheduled, not searched).
   `decide` takes the cost M as a function: Eq. 12 (`paper_cost`, Alg. 2 as printed) or the
-  policy-aware walk of the pipeline (feature_replay_pipeline.policy_cost, the default of
+  policy-aware walk of the pipeline (feature_replay.pipeline.policy_cost, the default of
   `scheduler.cost_model`).
 
 Units: seconds, bytes and bytes per second (the tables' MB are 2^20 bytes; convert at the edge).
@@ -118,8 +118,8 @@ class CutProfile:
 
     def stages(self, cut: int, bits: int, r_up: float, r_down: float):
         """The deployment's module times split as the policy-aware model walks them
-        (feature_replay_pipeline.Stages)."""
-        from plugins.schedulers.feature_replay_pipeline import Stages
+        (feature_replay.pipeline.Stages)."""
+        from plugins.schedulers.feature_replay.pipeline import Stages
 
         if self.send_s is None:
             raise ValueError("the policy-aware cost needs the edge's send share of P1 (CutProfile.send_s); Eq. 12 (paper_cost) does not")
@@ -154,7 +154,7 @@ class Decision:
 def decide(profile: CutProfile, current: Deployment, K: int | None, r_up: float, r_down: float, tau: float, *,
            bits_candidates: Sequence[int] = (2, 4, 8, 16, 32), include_edge_only: bool = True, model: Callable | None = None) -> Decision:
     """Alg. 2: the deployment of least M(l, K, b, r_u, r_d, tau) + U(l_now, l), M = `model`
-    (default `paper_cost`, Eq. 12; feature_replay_pipeline.policy_cost(policy) walks the
+    (default `paper_cost`, Eq. 12; feature_replay.pipeline.policy_cost(policy) walks the
     staleness policy's pipeline). Candidates are
     every cut with the edge holding 1..L-1 blocks and every bit width the cut tolerates
     (b >= min_bits(l), the notes' proposal), then edge-only (the official code and section 6.3;

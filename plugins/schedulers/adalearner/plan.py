@@ -24,7 +24,7 @@ Decisions (notes section 9):
   and Eq. 8 as printed, one direction and one constant D, except that Eq. 8's `T_comm / Z` is
   taken as `n W / (B Z)`: the printed form divides D by Z too and then adds D again.
   Both add compute and communication; the FIFO overlap the roles run is the default planner's
-  (plugins/schedulers/adalearner_fifo.py), and `schedule` takes either estimate.
+  (plugins/schedulers/adalearner/fifo.py), and `schedule` takes either estimate.
 """
 
 from __future__ import annotations

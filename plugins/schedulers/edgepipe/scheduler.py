@@ -1,7 +1,7 @@
 """EdgePipe (Yoon et al., IEEE IoT-J 2022): `scheduler=super_neuron`, one role per super neuron.
 
-The planning layer (edgepipe_partition / _channel / _mapping / _timing, put together by
-edgepipe_plan) makes the plan:
+The planning layer (edgepipe.partition / .channel / .mapping / .timing, put together by
+edgepipe.plan) makes the plan:
 
 - the partition of the MLP's neurons into super neurons (Alg. 1; `partition_class` hybrid,
   vertical or horizontal; vertical on one device is the Naive baseline);
@@ -13,11 +13,11 @@ edgepipe_plan) makes the plan:
 - the slot length: the worst op of any super neuron priced by its device's time model (a neuron
   chunk costs its share of the layer's work), plus the slowest message on its link, plus a margin
   (Eq. 4's structure on the cluster's models), or `slot_s` as given; with recovery (r-TX, ACK:
-  edgepipe_recovery) the slot holds every copy or retry of the slowest message;
+  edgepipe.recovery) the slot holds every copy or retry of the slowest message;
 - with `budget_min`, the minibatches that fit in that many minutes of this slot clock
-  (edgepipe_budget; Table III's 194 min), trained as one pipeline across data epochs.
+  (edgepipe.budget; Table III's 194 min), trained as one pipeline across data epochs.
 
-The roles (plugins.schedulers.super_neuron_roles) run Eq. 2's schedule on that slot clock, on the
+The roles (plugins.schedulers.edgepipe.roles) run Eq. 2's schedule on that slot clock, on the
 simulator or as processes (`runtime=local`, which needs `runtime.emulate_links=true`: each role's
 process applies the plan's PRR to its own copy of the links, whose loss generators are seeded by
 the link's name, so a message is lost on the wall clock exactly when it is lost on the simulator;
@@ -37,14 +37,14 @@ from torch import nn
 from framework.cluster import Work
 from framework.errors import ConfigError, listing
 from framework.scheduler import Role, Scheduler
-from plugins.schedulers import edgepipe_budget as budget
-from plugins.schedulers import edgepipe_curve as curve
-from plugins.schedulers import edgepipe_mapping as mapping
-from plugins.schedulers import edgepipe_plan as plan_mod
-from plugins.schedulers import edgepipe_partition as part
-from plugins.schedulers import edgepipe_recovery as recovery
-from plugins.schedulers import edgepipe_timing as timing
-from plugins.schedulers.schemas import SuperNeuronConfig  # noqa: F401  (registry.declare)
+from plugins.schedulers.edgepipe import budget
+from plugins.schedulers.edgepipe import curve
+from plugins.schedulers.edgepipe import mapping
+from plugins.schedulers.edgepipe import plan as plan_mod
+from plugins.schedulers.edgepipe import partition as part
+from plugins.schedulers.edgepipe import recovery
+from plugins.schedulers.edgepipe import timing
+from plugins.schedulers.edgepipe.schema import SuperNeuronConfig  # noqa: F401  (registry.declare)
 
 MAPPINGS = ("ga", "random", "upper", "identity")
 BWD_MODES = ("masked", "phantom")
@@ -119,7 +119,7 @@ class SuperNeuron(Scheduler):
         return int(self.cfg.rtx_copies) if self.cfg.recovery == "rtx" else 1
 
     def iterations_per_epoch(self) -> int:
-        """With a time budget the framework's one epoch is the whole budget (edgepipe_budget)."""
+        """With a time budget the framework's one epoch is the whole budget (edgepipe.budget)."""
         b = self._plan.get("budget")
         return b["minibatches"] if b else self.ctx.iterations_per_epoch()
 
@@ -154,7 +154,7 @@ class SuperNeuron(Scheduler):
         if str(self.ctx.cfg.train.optimizer) != "sgd":
             raise ConfigError("train.optimizer", f"super_neuron trains with SGD (the paper's plain gradient descent); got {self.ctx.cfg.train.optimizer}")
         if not self.ctx.numerics:
-            raise ConfigError("runtime.numerics", "super_neuron runs with numerics only (a timing-only run is edgepipe_timing's closed forms)")
+            raise ConfigError("runtime.numerics", "super_neuron runs with numerics only (a timing-only run is edgepipe.timing's closed forms)")
         rt = self.ctx.cfg.runtime
         if rt.name != "sim" and not rt.get("emulate_links", False):
             raise ConfigError("runtime.emulate_links", f"super_neuron on runtime={rt.name} takes its losses and slot deadlines from the links' model: set runtime.emulate_links=true")
@@ -225,7 +225,7 @@ class SuperNeuron(Scheduler):
         return {f"sn{s}": self.devices[d] for s, d in enumerate(self.perm)}
 
     def build_role(self, role: str) -> Role:
-        from plugins.schedulers.super_neuron_roles import SuperNeuronRole
+        from plugins.schedulers.edgepipe.roles import SuperNeuronRole
 
         names = self.role_devices()
         if role not in names:
@@ -298,11 +298,11 @@ class SuperNeuron(Scheduler):
         return [(linear_of(u).weight.detach(), linear_of(u).bias.detach()) for u in model.units]
 
     def _lossy_test(self) -> dict | None:
-        """The trained chunks' lossy test passes (edgepipe_eval); None when off or nothing trained."""
+        """The trained chunks' lossy test passes (edgepipe.lossy_eval); None when off or nothing trained."""
         passes = int(self.cfg.lossy_test_passes)
         if not passes or self.final_states is None:  # (a role holding only the input layer has no state)
             return None
-        from plugins.schedulers.edgepipe_eval import lossy_test
+        from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
         try:
             x, y = self.ctx.dataset.split("test")
@@ -311,7 +311,7 @@ class SuperNeuron(Scheduler):
             return {"error": f"{type(e).__name__}: {e}"}
 
     def _curve(self) -> dict:
-        """Test accuracy over the slot clock from the roles' snapshots (edgepipe_curve)."""
+        """Test accuracy over the slot clock from the roles' snapshots (edgepipe.curve)."""
         try:
             x, y = self.ctx.dataset.split("test")
             states = {r: st for r, st in self.final_states.items() if curve.SNAP_SLOTS in st}

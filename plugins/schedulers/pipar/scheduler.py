@@ -20,9 +20,9 @@ The baselines are the same roles with other settings:
   benchmarking), one server replica per device (default) or one shared server model.
 - `sl`  (vanilla split learning) is in `sl.py`.
 
-Where things are: the roles (`split_roles`), FedAvg (`fedavg`), flat model vectors
-(`model_vectors`), the (P, N) planner (`pipar_planner`, math in `pipar_plan`, trials in
-`pipar_search` and `pipar_refine`). Roles: `dev<k>` on device `dev<k>`; on device `server`:
+Where things are: the roles (`pipar.roles`), FedAvg (`fedavg`), flat model vectors
+(`model_vectors`), the (P, N) planner (`pipar.planner`, math in `pipar.plan`, trials in
+`pipar.search` and `pipar.refine`). Roles: `dev<k>` on device `dev<k>`; on device `server`:
 `srv<k>` (one replica per device, computing in parallel: `server_mode=parallel`, Fig. 3c), or one
 `server` role that serves the devices in turn (`server_mode=sequential`, Fig. 3b; also SFL's
 shared model); and `fed`, which averages. Decisions left open by the paper are in
@@ -37,12 +37,12 @@ import time
 from framework.data import batches, shard_indices, split_microbatches
 from framework.errors import ConfigError, listing
 from framework.scheduler import Scheduler
-from plugins.schedulers import pipar_plan as plan_mod
-from plugins.schedulers.idle import idle_times
-from plugins.schedulers.model_vectors import UnitLayout
-from plugins.schedulers.pipar_planner import SELECT, SERVER, DevicePlan, Planner, split_points
-from plugins.schedulers.split_roles import DeviceRole, FedRole, ServerRole
-from plugins.schedulers.schemas import CollabConfig, FLConfig, SFLConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
+from plugins.schedulers.pipar import plan as plan_mod
+from plugins.schedulers.pipar.idle import idle_times
+from plugins.schedulers.pipar.model_vectors import UnitLayout
+from plugins.schedulers.pipar.planner import SELECT, SERVER, DevicePlan, Planner, split_points
+from plugins.schedulers.pipar.roles import DeviceRole, FedRole, ServerRole
+from plugins.schedulers.pipar.schema import CollabConfig, FLConfig, SFLConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 SERVER_MODES = ("parallel", "sequential")
 SHARDS = ("contiguous", "dirichlet")

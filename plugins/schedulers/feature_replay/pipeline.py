@@ -6,7 +6,7 @@ max(0, T_sum - (K + 1) T_max). It is close for the sliding window the official c
 (`block`), but it does not describe the group barrier it was written for (every group fills and
 drains the pipeline: 25-50% more than Eq. 12 on the Pi table), nor a policy that drops stale
 gradients (`discard`: the edge skips their replay, so P1 shrinks). So the default model walks
-one epoch of the pipeline as the policies define it (plugins.schedulers.feature_replay):
+one epoch of the pipeline as the policies define it (plugins.schedulers.feature_replay.scheduler):
 
 - the edge (P1) forwards batch t and encodes its feature, then replays and backpropagates the
   gradients that have come back, waiting for more as the policy says (`block`: until t - last
@@ -132,7 +132,7 @@ def epoch_seconds(st: Stages, K: int | None, policy: str, tau: float, exact: boo
 
 
 def policy_cost(policy: str):
-    """The decision engine's cost M (feature_replay_cost.decide's `model`) under `policy`."""
+    """The decision engine's cost M (feature_replay.cost.decide's `model`) under `policy`."""
 
     def cost(profile, dep, K, r_up, r_down, tau) -> float:
         return epoch_seconds(profile.stages(dep.cut, dep.bits, r_up, r_down), K, policy, tau)

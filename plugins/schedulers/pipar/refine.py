@@ -1,6 +1,6 @@
 """PiPar's (P, N) selection refined by a few timing-only trial iterations (`select=refine`).
 
-Why. The closed form (`pipar_plan.select_closed_form`: Eq. 14 + the Table I estimate) has two
+Why. The closed form (`pipar.plan.select_closed_form`: Eq. 14 + the Table I estimate) has two
 separate weaknesses, and the PiPar study (experiments/pipar_study.py, part 2, and
 experiments/pipar_refine_check.py) shows both:
 
@@ -83,8 +83,8 @@ from __future__ import annotations
 import bisect
 import math
 
-from plugins.schedulers import pipar_plan as plan_mod
-from plugins.schedulers.pipar_plan import efficient_n  # noqa: F401  (the domain of N, shared with select=auto)
+from plugins.schedulers.pipar import plan as plan_mod
+from plugins.schedulers.pipar.plan import efficient_n  # noqa: F401  (the domain of N, shared with select=auto)
 
 
 class _Correction:
@@ -146,7 +146,7 @@ def refine(
     linear in log b); `clamp` and `estimator` as in `select_closed_form` (clamp only shapes the
     closed form's N(P), reported with P as `closed_form_P`/`closed_form_N` in the best).
 
-    Returns (best, trials) in the format of `pipar_search.exhaustive`: dicts with P, N,
+    Returns (best, trials) in the format of `pipar.search.exhaustive`: dicts with P, N,
     micro_batch, iterations, iter_s and epoch_s (= iter_s x iterations), plus `estimate_iter_s`
     and `phase` (design, refine, bracket; or profile for a P >= Q candidate, priced by the
     estimate without a trial). The trials' cost is `trial_cost(trials)`."""

@@ -3,7 +3,7 @@ accuracy against simulated time; Fig. 7's "2.47x faster than Model Parallelism t
 
 `scheduler.eval_every_min: m` takes a snapshot of every super neuron's weights each m simulated
 minutes of the slot clock, and once more at the run's end; after the run each snapshot is
-tested with `eval_passes` lossy test passes (edgepipe_eval, as the final test) and once
+tested with `eval_passes` lossy test passes (edgepipe.lossy_eval, as the final test) and once
 losslessly. The curve goes to summary.json (`edgepipe.curve`).
 
 Decisions:
@@ -110,7 +110,7 @@ def lossless_acc(layers, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def curve(partition, states: dict[str, dict], like, eval_plan: dict, slot_s: float, x, y, sn_prr: np.ndarray, seed: int) -> dict:
     """Every snapshot's lossy test (its own seed: [seed, k]) and lossless accuracy."""
-    from plugins.schedulers.edgepipe_eval import lossy_test
+    from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
     n = min(len(st[SNAP_SLOTS]) for st in states.values())
     at = eval_plan["at_slots"][:n]

@@ -32,9 +32,9 @@ from framework.models import clone_module
 from framework.runtime.base import PeerLost
 from framework.scheduler import Role
 from framework.stage import Stage
-from plugins.schedulers import pipar_plan as plan_mod
-from plugins.schedulers.fedavg import fedavg
-from plugins.schedulers.pipar_planner import SERVER, DevicePlan, Planner
+from plugins.schedulers.pipar import plan as plan_mod
+from plugins.schedulers.pipar.fedavg import fedavg
+from plugins.schedulers.pipar.planner import SERVER, DevicePlan, Planner
 
 # ---- one iteration, both sides (also run alone by the exhaustive search's trials) -------------
 

@@ -23,8 +23,8 @@ from framework.stage import Stage
 def trial_iteration(planner, k: int, P: int, N: int) -> float:
     """Virtual seconds of one timing-only PiPar iteration of device k with (P, N), alone.
 
-    `planner`: a pipar_planner.Planner (or anything with its ctx, devices, B and Q)."""
-    from plugins.schedulers.split_roles import SERVER, serve_iteration, split_iteration
+    `planner`: a pipar.planner.Planner (or anything with its ctx, devices, B and Q)."""
+    from plugins.schedulers.pipar.roles import SERVER, serve_iteration, split_iteration
 
     ctx = planner.ctx
     cl = ctx.cluster

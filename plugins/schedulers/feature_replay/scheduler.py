@@ -36,7 +36,7 @@ an ablation, the official code's cost model, which takes a profile table's measu
 as all of P1 (notes section 4.3).
 
 The plan (and the decision engine's cost M) comes from `cost_model`: `policy` (default) walks
-the staleness policy's pipeline (plugins.schedulers.feature_replay_pipeline), so the predicted
+the staleness policy's pipeline (plugins.schedulers.feature_replay.pipeline), so the predicted
 epoch is what the simulator measures under every policy; `paper` is Eq. 12 as Alg. 2 prints it,
 kept so that its predictions and choices can be compared (plan.json records both models'
 predictions and cuts).
@@ -52,9 +52,9 @@ from framework import repartition as rp
 from framework.cluster import Work
 from framework.errors import ConfigError, listing
 from framework.scheduler import Role, Scheduler
-from plugins.schedulers import feature_replay_cost as cost
-from plugins.schedulers import feature_replay_pipeline as pipeline
-from plugins.schedulers.schemas import EdgeOnlyConfig, FeatureReplayConfig, JointDNNConfig  # noqa: F401  (registry.declare)
+from plugins.schedulers.feature_replay import cost
+from plugins.schedulers.feature_replay import pipeline
+from plugins.schedulers.feature_replay.schema import EdgeOnlyConfig, FeatureReplayConfig, JointDNNConfig  # noqa: F401  (registry.declare)
 
 POLICIES = pipeline.POLICIES
 COST_MODELS = ("policy", "paper")
@@ -267,7 +267,7 @@ class FeatureReplay(Scheduler):
         return {"edge": self.edge_device, "cloud": self.cloud_device}
 
     def build_role(self, role: str) -> Role:
-        from plugins.schedulers.feature_replay_roles import DownstreamRole, UpstreamRole
+        from plugins.schedulers.feature_replay.roles import DownstreamRole, UpstreamRole
 
         if role not in ("edge", "cloud"):
             raise KeyError(f"no role {role!r}; roles: edge, cloud")
