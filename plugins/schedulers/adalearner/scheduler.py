@@ -43,7 +43,6 @@ from framework.errors import ConfigError, listing
 from framework.models import clone_module
 from framework.scheduler import Scheduler
 from plugins.schedulers.adalearner import plan as ap
-from plugins.schedulers.adalearner.schema import AdaLearnerConfig  # noqa: F401  (registry.declare)
 
 PARTITIONS = ("linear", "lookup_table")
 ARCHITECTURES = ("auto", "fp32", "onebit")

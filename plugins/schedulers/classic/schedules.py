@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from framework.errors import ConfigError
 from framework.pipeline import STEP, B, F, PipelineScheduler, one_f_one_b
-from plugins.schedulers.classic.schema import GPipeConfig, LocalConfig, OneFOneBConfig, PipeDreamConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 
 class Local(PipelineScheduler):

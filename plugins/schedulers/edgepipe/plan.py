@@ -10,13 +10,8 @@ import torch
 
 from framework import wire
 from framework.errors import ConfigError
-from plugins.schedulers.edgepipe import budget
-from plugins.schedulers.edgepipe import channel
-from plugins.schedulers.edgepipe import curve
-from plugins.schedulers.edgepipe import mapping
+from plugins.schedulers.edgepipe import budget, channel, curve, mapping, recovery, timing
 from plugins.schedulers.edgepipe import partition as part
-from plugins.schedulers.edgepipe import recovery
-from plugins.schedulers.edgepipe import timing
 
 log = logging.getLogger("plugins.schedulers.edgepipe.scheduler")
 

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from framework.scheduler import Role
 from plugins.schedulers.edgepipe.curve import Snapshots
-from plugins.schedulers.edgepipe.scheduler import linear_of
+from plugins.schedulers.edgepipe.dense import linear_of
 
 
 class SuperNeuronRole(Role):

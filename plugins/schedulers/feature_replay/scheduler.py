@@ -54,7 +54,6 @@ from framework.errors import ConfigError, listing
 from framework.scheduler import Role, Scheduler
 from plugins.schedulers.feature_replay import cost
 from plugins.schedulers.feature_replay import pipeline
-from plugins.schedulers.feature_replay.schema import EdgeOnlyConfig, FeatureReplayConfig, JointDNNConfig  # noqa: F401  (registry.declare)
 
 POLICIES = pipeline.POLICIES
 COST_MODELS = ("policy", "paper")

@@ -30,8 +30,8 @@ import torch
 
 from framework.cluster import Work
 from plugins.schedulers.pipar import plan as plan_mod
+from plugins.schedulers.pipar.iteration import SERVER
 
-SERVER = "server"
 SELECT = ("auto", "paper", "exhaustive", "refine")
 
 

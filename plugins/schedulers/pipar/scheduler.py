@@ -40,9 +40,9 @@ from framework.scheduler import Scheduler
 from plugins.schedulers.pipar import plan as plan_mod
 from plugins.schedulers.pipar.idle import idle_times
 from plugins.schedulers.pipar.model_vectors import UnitLayout
-from plugins.schedulers.pipar.planner import SELECT, SERVER, DevicePlan, Planner, split_points
+from plugins.schedulers.pipar.iteration import SERVER
+from plugins.schedulers.pipar.planner import SELECT, DevicePlan, Planner, split_points
 from plugins.schedulers.pipar.roles import DeviceRole, FedRole, ServerRole
-from plugins.schedulers.pipar.schema import CollabConfig, FLConfig, SFLConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
 SERVER_MODES = ("parallel", "sequential")
 SHARDS = ("contiguous", "dirichlet")

@@ -18,14 +18,13 @@ from framework.runtime.shared_processor import SharedProcessor
 from framework.runtime.sim import SimRuntime
 from framework.scheduler import ProgramRole
 from framework.stage import Stage
+from plugins.schedulers.pipar.iteration import SERVER, serve_iteration, split_iteration
 
 
 def trial_iteration(planner, k: int, P: int, N: int) -> float:
     """Virtual seconds of one timing-only PiPar iteration of device k with (P, N), alone.
 
     `planner`: a pipar.planner.Planner (or anything with its ctx, devices, B and Q)."""
-    from plugins.schedulers.pipar.roles import SERVER, serve_iteration, split_iteration
-
     ctx = planner.ctx
     cl = ctx.cluster
     sched = planner

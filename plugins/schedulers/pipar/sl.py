@@ -15,9 +15,8 @@ from framework.errors import ConfigError, listing
 from framework.scheduler import Role
 from framework.stage import Stage
 from plugins.schedulers.pipar.scheduler import Collaborative
-from plugins.schedulers.pipar.planner import SERVER
-from plugins.schedulers.pipar.roles import DeviceRole, own_copy, serve_iteration, split_iteration
-from plugins.schedulers.pipar.schema import SLConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
+from plugins.schedulers.pipar.iteration import SERVER, serve_iteration, split_iteration
+from plugins.schedulers.pipar.roles import DeviceRole, own_copy
 
 
 class SLDevice(DeviceRole):
