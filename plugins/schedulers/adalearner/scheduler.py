@@ -42,6 +42,7 @@ from framework.cluster import Work
 from framework.errors import ConfigError, listing
 from framework.models import clone_module
 from framework.scheduler import Scheduler
+from framework.specs import RoleSpec
 from plugins.schedulers.adalearner import plan as ap
 
 PARTITIONS = ("linear", "lookup_table")
@@ -176,7 +177,10 @@ class AdaLearner(Scheduler):
     def role_devices(self) -> dict[str, str]:
         return {"go": self.go_device, **{r: d for r, d, _ in self.workers()}}
 
-    def build_role(self, role: str):
+    def role_spec(self, role: str) -> RoleSpec:
+        return RoleSpec(role, self.role_devices()[role])  # issue 45: the role's slice of the plan moves here
+
+    def role_from_spec(self, role: str, spec: dict):
         from plugins.schedulers.adalearner.roles import GroupOwner, Worker
 
         if role == "go":

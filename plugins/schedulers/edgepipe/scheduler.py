@@ -35,6 +35,7 @@ import torch
 from framework.cluster import Work
 from framework.errors import ConfigError, listing
 from framework.scheduler import Role, Scheduler
+from framework.specs import RoleSpec
 from plugins.schedulers.edgepipe import budget, curve, mapping, recovery, timing
 from plugins.schedulers.edgepipe import partition as part
 from plugins.schedulers.edgepipe import plan as plan_mod
@@ -187,7 +188,10 @@ class SuperNeuron(Scheduler):
     def role_devices(self) -> dict[str, str]:
         return {f"sn{s}": self.devices[d] for s, d in enumerate(self.perm)}
 
-    def build_role(self, role: str) -> Role:
+    def role_spec(self, role: str) -> RoleSpec:
+        return RoleSpec(role, self.role_devices()[role])  # issue 45: the role's slice of the plan moves here
+
+    def role_from_spec(self, role: str, spec: dict) -> Role:
         from plugins.schedulers.edgepipe.roles import SuperNeuronRole
 
         names = self.role_devices()

@@ -52,6 +52,7 @@ from framework import repartition as rp
 from framework.cluster import Work
 from framework.errors import ConfigError, listing
 from framework.scheduler import Role, Scheduler
+from framework.specs import RoleSpec
 from plugins.schedulers.feature_replay import cost
 from plugins.schedulers.feature_replay import pipeline
 
@@ -265,7 +266,10 @@ class FeatureReplay(Scheduler):
     def role_devices(self) -> dict[str, str]:
         return {"edge": self.edge_device, "cloud": self.cloud_device}
 
-    def build_role(self, role: str) -> Role:
+    def role_spec(self, role: str) -> RoleSpec:
+        return RoleSpec(role, self.role_devices()[role])  # issue 45: the role's slice of the plan moves here
+
+    def role_from_spec(self, role: str, spec: dict) -> Role:
         from plugins.schedulers.feature_replay.roles import DownstreamRole, UpstreamRole
 
         if role not in ("edge", "cloud"):

@@ -37,6 +37,7 @@ import time
 from framework.data import batches, shard_indices, split_microbatches
 from framework.errors import ConfigError, listing
 from framework.scheduler import Scheduler
+from framework.specs import RoleSpec
 from plugins.schedulers.pipar import plan as plan_mod
 from plugins.schedulers.pipar.idle import idle_times
 from plugins.schedulers.pipar.model_vectors import UnitLayout
@@ -201,7 +202,10 @@ class Collaborative(Scheduler):
         out["fed"] = SERVER
         return out
 
-    def build_role(self, role: str):
+    def role_spec(self, role: str) -> RoleSpec:
+        return RoleSpec(role, self.role_devices()[role])  # issue 45: the role's slice of the plan moves here
+
+    def role_from_spec(self, role: str, spec: dict):
         if role.startswith("dev") and role[3:].isdigit():
             return DeviceRole(self, int(role[3:]))
         if role in self.server_roles:
@@ -323,7 +327,7 @@ class SFL(Collaborative):
     def serial_server(self) -> bool:
         return self.cfg.server_model == "shared" or super().serial_server()
 
-    def build_role(self, role: str):
+    def role_from_spec(self, role: str, spec: dict):
         if role == "server" and self.cfg.server_model == "shared":
             return ServerRole(self, role, self.server_roles[role], shared=True)
-        return super().build_role(role)
+        return super().role_from_spec(role, spec)

@@ -112,7 +112,7 @@ class SL(Collaborative):
     def role_devices(self) -> dict[str, str]:
         return {**{f"dev{k}": self.devices[k] for k in range(self.K)}, "server": SERVER}
 
-    def build_role(self, role: str):
+    def role_from_spec(self, role: str, spec: dict):
         if role == "server":
             return SLServer(self)
         if role.startswith("dev") and role[3:].isdigit():
