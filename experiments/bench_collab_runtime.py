@@ -40,7 +40,7 @@ from framework import registry  # noqa: E402
 from framework.cli import CONF_DIR  # noqa: E402
 from framework.job import Job  # noqa: E402
 from framework.stage import make_optimizer  # noqa: E402
-from plugins.schedulers.fedavg import fedavg  # noqa: E402
+from plugins.schedulers.pipar.fedavg import fedavg  # noqa: E402
 
 
 def overrides(args, P=None, N=None) -> list[str]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import statistics
 
 from experiments.verdicts import Claim, Ordering
-from plugins.schedulers.edgepipe_curve import time_to
-from plugins.schedulers.edgepipe_timing import theorem1_slots
+from plugins.schedulers.edgepipe.curve import time_to
+from plugins.schedulers.edgepipe.timing import theorem1_slots
 
 # Table III and the paper's text (notes section 4)
 TABLE_III = {"vertical": (541.77, 21510, 10750), "hybrid": (311.33, 37431, 9356), "horizontal": (172.86, 67416, 6128), "naive": (441.42, 26400, 2400)}
@@ -104,8 +104,8 @@ def timing_claims(res: dict) -> list:
     out.append(Ordering("Theorem 1: every run takes 2L + 2M(N - 1) - 1 slots ((2L - 1)N unpipelined)", paper="exact",
                         ours=f"{len(every) - len(bad)} of {len(every)} runs" + (f"; off: {', '.join(bad)}" if bad else ""), holds=not bad, source="Theorem 1"))
     if "hybrid" in runs:
-        from plugins.schedulers import edgepipe_partition as part
-        from plugins.schedulers import edgepipe_timing as timing
+        from plugins.schedulers.edgepipe import partition as part
+        from plugins.schedulers.edgepipe import timing
         from experiments.edgepipe_plan_facts import SIZES
 
         r = runs["hybrid"][0]

@@ -19,8 +19,8 @@ TABLE_II_OPS = {"fw_ih": ("FW", 2), "fw_hh": ("FW", 3), "fw_ho": ("FW", 6), "bw_
 def partition_facts() -> dict:
     """Per class on 6 devices (and Naive on 1): Eq. 1's M, Alg. 1's groups and devices, the widest
     message (Eq. 4's M_pkt), messages per minibatch and the SNNet anchors, Table II's slot."""
-    from plugins.schedulers import edgepipe_partition as part
-    from plugins.schedulers import edgepipe_timing as timing
+    from plugins.schedulers.edgepipe import partition as part
+    from plugins.schedulers.edgepipe import timing
 
     out = {}
     for cls in CLASSES:
@@ -51,9 +51,9 @@ def component_facts(out: Path) -> dict:
 def mapping_facts(placements: list[int], generations: int | None = None) -> dict:
     """Fig. 8 on each placement's measured PRR (what the coordinator sees): the GA's score, the
     brute-force optimum (Upper) and Random's mean over 5 trials, per class."""
-    from plugins.schedulers import edgepipe_channel as channel
-    from plugins.schedulers import edgepipe_mapping as mapping
-    from plugins.schedulers import edgepipe_partition as part
+    from plugins.schedulers.edgepipe import channel
+    from plugins.schedulers.edgepipe import mapping
+    from plugins.schedulers.edgepipe import partition as part
 
     out = {}
     for seed in placements:

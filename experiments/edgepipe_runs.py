@@ -133,9 +133,9 @@ def at_budget(job, s: Settings) -> dict:
     """A run longer than the budget, as it stood at the budget: its snapshot nearest the budget
     (the study's grid has one on it), with the final test's passes; and the minibatches it had
     completed by then."""
-    from plugins.schedulers import edgepipe_curve as curve
-    from plugins.schedulers.edgepipe_eval import lossy_test
-    from plugins.schedulers.edgepipe_timing import cycle_slots, slots_for
+    from plugins.schedulers.edgepipe import curve
+    from plugins.schedulers.edgepipe.lossy_eval import lossy_test
+    from plugins.schedulers.edgepipe.timing import cycle_slots, slots_for
 
     sched = job.scheduler
     ev = sched.plan()["eval"]
@@ -155,8 +155,8 @@ def at_budget(job, s: Settings) -> dict:
 def test_at_exponents(job, s: Settings) -> dict:
     """Fig. 9(b): the trained model tested where the path-loss exponent differs from training's
     (the same placement and mapping; only the channel at test time changes)."""
-    from plugins.schedulers import edgepipe_channel as channel
-    from plugins.schedulers.edgepipe_eval import lossy_test
+    from plugins.schedulers.edgepipe import channel
+    from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
     sched = job.scheduler
     pl, cfg = sched.plan()["prr"], sched.cfg.prr

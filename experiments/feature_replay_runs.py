@@ -151,8 +151,8 @@ def part_tables() -> dict:
     the policy-aware cost model on their profile tables, the replay charged (forward 1/3 of a
     measured iteration), compression from the tables' 8-bit column. Not simulated."""
     from framework import profile_tables
-    from plugins.schedulers.feature_replay_cost import table_profile
-    from plugins.schedulers.feature_replay_pipeline import epoch_seconds
+    from plugins.schedulers.feature_replay.cost import table_profile
+    from plugins.schedulers.feature_replay.pipeline import epoch_seconds
 
     def best(prof, K, up, down, tau=100):
         """The engine's best deployment (every cut, 8 or 32 bits, edge-only) without migration."""

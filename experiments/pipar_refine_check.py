@@ -8,7 +8,7 @@ MobileNetV3-Small CIFAR-10} x {4G, 4G+, WiFi}, B = 100, K = 4, on the analytic d
 host-profiled batch-size curves (`profile`: measured once, cached in ~/.cache/pipelab). For each
 case, on one job: the exhaustive search over every P x N in 1..B (one timing-only trial iteration
 each, device 0), auto's plan, and refine with the same trial function
-(plugins/schedulers/pipar_refine.py).
+(plugins/schedulers/pipar/refine.py).
 
 score = T_opt / T_selected (epoch = trial iteration x floor(|D_k| / (B' N)), as `exhaustive`);
 cost = virtual seconds: exhaustive's is the sum of its trials' iterations, refine's is auto's
@@ -36,8 +36,8 @@ CASES = [("vgg5", "synthetic_mnist"), ("vgg5", "synthetic_cifar10"), ("mobilenet
 def run_case(device_model: str, model: str, ds: str, net: str, out: Path, refine_kw: dict) -> dict:
     from pipar_study import DEVICE_MODELS, job_for
 
-    from plugins.schedulers.pipar_refine import refine, trial_cost
-    from plugins.schedulers.pipar_search import exhaustive, trial_iteration
+    from plugins.schedulers.pipar.refine import refine, trial_cost
+    from plugins.schedulers.pipar.search import exhaustive, trial_iteration
 
     t0 = time.perf_counter()
     job = job_for(["scheduler=pipar", f"cluster={net}", f"model={model}", f"dataset={ds}", "train.batch_size=100", "runtime.numerics=false", *DEVICE_MODELS[device_model]], out / "tmp")

@@ -170,7 +170,7 @@ def part_reselection(out: Path, intervals: list[int], k: int = 1) -> dict:
 
 
 def part_selection(out: Path, k: int) -> dict:
-    from plugins.schedulers.pipar_search import exhaustive
+    from plugins.schedulers.pipar.search import exhaustive
 
     res: dict = {"auto": {}, "paper": {}}
     for (model, ds, net) in pc.TABLE7:

@@ -27,6 +27,7 @@ from framework.data import split_microbatches
 from framework.errors import ConfigError
 from framework.partition import partition
 from framework.scheduler import Role, Scheduler
+from framework.specs import RoleSpec
 from framework.stage import Stage
 
 
@@ -238,7 +239,10 @@ class PipelineScheduler(Scheduler):
     def role_devices(self) -> dict[str, str]:
         return dict(zip(self.roles_, self.devices))
 
-    def build_role(self, role: str) -> "StageRole":
+    def role_spec(self, role: str) -> RoleSpec:
+        return RoleSpec(role, self.role_devices()[role])  # issue 45: the stage's slice of the plan moves here
+
+    def role_from_spec(self, role: str, spec: dict) -> "StageRole":
         return StageRole(self, self.roles_.index(role))
 
     def eval_model(self, states: dict[str, dict]) -> nn.Module:

@@ -5,12 +5,14 @@ bound to a device that owns its state (a pipeline stage, a device's half of a sp
 aggregator's global model); whatever another role needs travels as a message through the role
 context. The same roles therefore run on the virtual clock (`runtime=sim`, every role in one
 process) and as separate processes (`runtime=local`/`remote`), where each process builds only its
-own role from the plan that the coordinator made once and shipped:
+own role from the spec that the coordinator made once and shipped (framework.specs):
 
     coordinator                                   role process (one per role)
     sched = Scheduler(cfg, ctx)                   sched = Scheduler(cfg, ctx with plan=..., role=r)
     plan = sched.plan()        # the search       sched.plan() is the shipped plan: no search
-    sched.role_devices()       # who runs where   role = sched.build_role(r)   # only its own state
+    sched.role_devices()       # who runs where
+    spec = sched.role_spec(r)  # r's slice        role = sched.role_from_spec(r, spec.to_json())
+                               #   of the plan    # only its own state, no reference to sched
     ... epoch ends: sched.eval_model(states) evaluates the roles' reported states ...
 
 A scheduler sees a `SchedulerContext` (the config, model, dataset, cluster, compressor and
@@ -29,6 +31,7 @@ import torch
 from torch import nn
 
 from framework.data import batches, num_batches
+from framework.specs import RoleSpec
 
 RUNTIMES = ("sim", "local", "remote")
 
@@ -147,8 +150,18 @@ class Scheduler(ABC):
         """Every role of the run and the device it runs on (in a stable order)."""
 
     @abstractmethod
+    def role_spec(self, role: str) -> RoleSpec:
+        """What `role` needs of the plan and the config, as a frozen `framework.specs.RoleSpec`:
+        made on the coordinator, shipped to the role's process as JSON."""
+
+    @abstractmethod
+    def role_from_spec(self, role: str, spec: dict) -> Role:
+        """Build `role` from its spec as shipped (JSON) and this process's parts (`self.ctx`:
+        model, dataset, cluster, compressor); the role keeps no reference to the scheduler."""
+
     def build_role(self, role: str) -> Role:
-        """Build one role with only what it needs (its stage, its shard)."""
+        """`role` built in this process the way a role process builds it: from its spec's JSON."""
+        return self.role_from_spec(role, self.role_spec(role).to_json())
 
     @abstractmethod
     def eval_model(self, states: dict[str, dict]) -> nn.Module:

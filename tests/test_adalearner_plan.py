@@ -1,4 +1,4 @@
-"""AdaLearner's planner (plugins/schedulers/adalearner_plan.py, adalearner_fifo.py): the Fig. 6
+"""AdaLearner's planner (plugins/schedulers/adalearner/plan.py, adalearner.fifo): the Fig. 6
 lookup-table split, the linear split, Eq. 4 and 7-9, Algorithm 1 (corrected), checked against the
 paper's example and the notes' cost model (notes 2.4, 2.7, 2.8, 6.2, 6.3); the FIFO star's
 iteration against its closed form."""
@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from plugins.schedulers.adalearner_fifo import StarCosts, fifo_epoch_s
-from plugins.schedulers.adalearner_plan import CommModel, Estimate, linear_split, lookup_split, paper_estimate, schedule
+from plugins.schedulers.adalearner.fifo import StarCosts, fifo_epoch_s
+from plugins.schedulers.adalearner.plan import CommModel, Estimate, linear_split, lookup_split, paper_estimate, schedule
 
 FIG6 = {"Node1": [20, 30, 40], "Node2": [25, 35, 55], "Node3": [30, 40, 75]}
 THRESHOLDS = [0.2, 0.3, 0.4]
@@ -107,7 +107,7 @@ def test_early_stop_is_the_papers_greedy_rule():
     """A non-unimodal curve: the greedy search stops at the first increase, the exhaustive one
     finds the later minimum."""
     times = {1: 1.0, 2: 1.2, 3: 0.5}
-    from plugins.schedulers.adalearner_plan import Split
+    from plugins.schedulers.adalearner.plan import Split
 
     def split(n):
         return Split(tuple(f"wn{i}" for i in range(n)), (1,) * n, times[n])

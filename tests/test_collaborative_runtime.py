@@ -63,7 +63,7 @@ def test_a_role_process_builds_only_its_own_role_and_searches_nothing(tmp_path, 
     """What `python -m framework.worker role=dev1` builds from the coordinator's plan."""
     from framework.job import build_scheduler
     from framework.stage import Stage
-    from plugins.schedulers import pipar_planner
+    from plugins.schedulers.pipar import planner as pipar_planner
 
     coord = Job(compose_cfg(SMALL + ["scheduler=pipar", "cluster.num_devices=4"]), tmp_path)  # select=auto searches here
     plan = json.loads(json.dumps(coord.scheduler.plan()))  # as shipped: JSON

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from framework.errors import ConfigError
 from framework.job import Job
-from plugins.schedulers.edgepipe_partition import message_counts, messages, partition
-from plugins.schedulers.edgepipe_timing import slots_for
+from plugins.schedulers.edgepipe.partition import message_counts, messages, partition
+from plugins.schedulers.edgepipe.timing import slots_for
 from tests.conftest import compose_cfg
 
 # 784-16-16-16-16-10 on 300 synthetic samples, minibatch 50: 6 minibatches per epoch
@@ -226,7 +226,7 @@ def test_rtx_sends_every_message_twice_and_the_receiver_keeps_one(tmp_path):
 
 
 def test_lossy_forward_matches_the_model_when_everything_arrives_and_zero_fills_otherwise():
-    from plugins.schedulers.edgepipe_eval import lossy_logits, lossy_test
+    from plugins.schedulers.edgepipe.lossy_eval import lossy_logits, lossy_test
 
     torch.manual_seed(0)
     sizes = [12, 8, 8, 6]
@@ -303,7 +303,7 @@ def test_the_edgepipe_preset_is_the_papers_setting(tmp_path):
     assert len(job.scheduler.role_devices()) == 6 and job.scheduler.partition.m_layers == 2
     assert abs(summ["plan"]["mean_prr"] - 0.809) <= 0.01, summ["plan"]  # the calibrated channel (paper: 80.9 %)
     # the placement's source: the first seed with the paper's mean PRR, not any seed that does
-    from plugins.schedulers.edgepipe_channel import calibrated_topology
+    from plugins.schedulers.edgepipe.channel import calibrated_topology
 
     assert cfg.scheduler.prr.topology_seed == calibrated_topology().seed
     assert plan["partition"] and plan["mapping"] and plan["prr"] and plan["messages_per_minibatch"] == 28  # recorded for the timeline and reports

@@ -1,4 +1,4 @@
-"""EdgePipe's accuracy over the slot clock (edgepipe_curve): snapshots on a slot grid, each the
+"""EdgePipe's accuracy over the slot clock (edgepipe.curve): snapshots on a slot grid, each the
 model the devices hold at that instant, tested like the final model."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from framework.errors import ConfigError
-from plugins.schedulers.edgepipe_curve import SNAP_SLOTS, grid, layers_at, time_to
+from plugins.schedulers.edgepipe.curve import SNAP_SLOTS, grid, layers_at, time_to
 from tests.test_edgepipe import LOSSLESS, job_for
 
 

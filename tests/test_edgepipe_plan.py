@@ -8,18 +8,18 @@ import itertools
 import numpy as np
 import pytest
 
-from plugins.schedulers.edgepipe_channel import (
+from plugins.schedulers.edgepipe.channel import (
     as_prr_matrix, calibrated_topology, k_from_radio, mean_prr, measure_prr, prr_from_distance, prr_matrix, random_positions,
     random_topology, uniform_prr,
 )
-from plugins.schedulers.edgepipe_mapping import (
+from plugins.schedulers.edgepipe.mapping import (
     all_scores, canonical, ga_mapping, map_devices, random_baseline_score, random_mappings, score, twin_classes, upper_mapping,
 )
-from plugins.schedulers.edgepipe_partition import (
+from plugins.schedulers.edgepipe.partition import (
     devices_per_group, elect_coordinator, etx_distances, max_message_width, message_counts, messages, neuron_chunks, paper_groups,
     partition, snnet,
 )
-from plugins.schedulers.edgepipe_timing import (
+from plugins.schedulers.edgepipe.timing import (
     Op, check_schedule, cycle_slots, device_timeline, minibatches_in_budget, packets_per_device_per_s, schedule, slots_for,
     table_ii_slot_ms, theorem1_slots, throughput_ratio, time_for_s, total_slots,
 )

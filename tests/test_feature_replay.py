@@ -112,7 +112,7 @@ def test_the_plan_predicts_the_simulated_epoch_under_every_policy(tmp_path, poli
 def test_the_papers_cost_model_stays_selectable(tmp_path):
     """`scheduler.cost_model=paper`: the plan predicts Eq. 12 and the engine minimises Eq. 12 + U
     (Alg. 2 as printed); the policy-aware model's choice is recorded beside it."""
-    from plugins.schedulers import feature_replay_cost as cost
+    from plugins.schedulers.feature_replay import cost
 
     job, _ = run(tmp_path, PI + ["scheduler.cost_model=paper", "scheduler.staleness_policy=group", "scheduler.K=1", "train.iterations_per_epoch=40"])
     plan = job.scheduler.plan()
@@ -251,7 +251,7 @@ def test_a_migration_moves_the_weights_between_the_roles_as_messages(tmp_path, m
     """A forced migration with numerics: each role trains its own copy of the model, so the moved
     blocks must arrive as messages; the result equals a run where both roles share one model
     object (nothing needs to move there) to 1e-12, and the moved weights' bytes crossed the link."""
-    from plugins.schedulers import feature_replay_roles as roles
+    from plugins.schedulers.feature_replay import roles
 
     def forced(self):
         return end if self.it == 3 else self.cut

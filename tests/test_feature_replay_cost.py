@@ -9,7 +9,7 @@ import random
 import pytest
 
 from framework import profile_tables
-from plugins.schedulers.feature_replay_cost import (
+from plugins.schedulers.feature_replay.cost import (
     MB, CutProfile, Deployment, TauEstimator, decide, full_pipeline_cost, grouped_cost, migration_cost, serial_cost, table_profile,
 )
 
@@ -114,10 +114,10 @@ def test_the_table_time_model_prices_unit_ranges_from_the_shipped_rows():
         Device("edge", DeviceConfig(time_model="table", table="nope", table_device="pi4b"))
 
 
-# ---- the policy-aware cost model (feature_replay_pipeline) ---------------------------------------
+# ---- the policy-aware cost model (feature_replay.pipeline) ---------------------------------------
 
 def _stages(rng, latency=True):
-    from plugins.schedulers.feature_replay_pipeline import Stages
+    from plugins.schedulers.feature_replay.pipeline import Stages
 
     u = lambda: rng.uniform(0.01, 2.0)  # noqa: E731
     return Stages(forward_s=u(), encode_s=rng.choice([0.0, u()]), replay_s=u(), up_s=u(), cloud_s=u(), cloud_step_s=rng.choice([0.0, u()]), down_s=u(),
@@ -125,7 +125,7 @@ def _stages(rng, latency=True):
 
 
 def test_the_walk_is_serial_at_k0_and_bounded_by_the_slowest_module_without_a_bound():
-    from plugins.schedulers.feature_replay_pipeline import epoch_seconds
+    from plugins.schedulers.feature_replay.pipeline import epoch_seconds
 
     rng = random.Random(1)
     for _ in range(300):
@@ -142,7 +142,7 @@ def test_the_walk_is_serial_at_k0_and_bounded_by_the_slowest_module_without_a_bo
 def test_the_group_barrier_refills_the_pipeline_every_group():
     """Groups of K + 1 on a link-bound pipeline: each group takes one batch's way through every
     module plus K more downlink transfers (the bottleneck), which Eq. 12 does not charge."""
-    from plugins.schedulers.feature_replay_pipeline import Stages, epoch_seconds
+    from plugins.schedulers.feature_replay.pipeline import Stages, epoch_seconds
 
     st = Stages(forward_s=0.1, encode_s=0.0, replay_s=0.2, up_s=0.3, cloud_s=0.1, cloud_step_s=0.0, down_s=1.0)
     K, groups = 1, 20
@@ -157,7 +157,7 @@ def test_the_group_barrier_refills_the_pipeline_every_group():
 def test_discarded_gradients_cost_no_replay():
     """At K = 0 under `discard`, every gradient comes back after the next forward and is dropped:
     the edge only forwards, so the epoch is the links' and the cloud's, not P1's."""
-    from plugins.schedulers.feature_replay_pipeline import Stages, epoch_seconds
+    from plugins.schedulers.feature_replay.pipeline import Stages, epoch_seconds
 
     st = Stages(forward_s=0.1, encode_s=0.0, replay_s=5.0, up_s=0.5, cloud_s=0.1, cloud_step_s=0.0, down_s=0.2)
     assert epoch_seconds(st, 0, "discard", 100, exact=True) < 0.6 * 100
@@ -165,7 +165,7 @@ def test_discarded_gradients_cost_no_replay():
 
 
 def test_long_epochs_extrapolate_the_periodic_regime():
-    from plugins.schedulers.feature_replay_pipeline import epoch_seconds
+    from plugins.schedulers.feature_replay.pipeline import epoch_seconds
 
     rng = random.Random(2)
     for _ in range(150):
@@ -182,7 +182,7 @@ def test_the_engine_takes_the_cost_model_it_is_given():
     """The policy-aware engine makes the paper's choices on its tables (edge-only for the TX2 on a
     slow link, the first cut on a fast one; the Pi offloads) with the replay's forward charged;
     Eq. 12 stays the default of `decide` (Alg. 2 as printed)."""
-    from plugins.schedulers.feature_replay_pipeline import policy_cost
+    from plugins.schedulers.feature_replay.pipeline import policy_cost
 
     table = profile_tables.load("feature_replay_resnet50_cifar10")
     blocks = [mb * MB for mb in RESNET50_BLOCK_MB]

@@ -55,7 +55,7 @@ def test_runtime_local_needs_a_network_transport_and_a_shipping_scheduler():
     registry.load_plugins()
     with pytest.raises(ConfigError, match=r"transport.name.*transport=mqtt"):
         Job(cfg_for("runtime=local", "scheduler=gpipe", "cluster=uniform"), "/tmp/never")
-    from plugins.schedulers.classic import GPipe
+    from plugins.schedulers.classic.schedules import GPipe
 
     class SimOnly(GPipe):
         runtimes = ("sim",)

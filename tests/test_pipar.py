@@ -13,8 +13,8 @@ import torch
 
 from framework.errors import ConfigError
 from framework.job import Job
-from plugins.schedulers import pipar_plan as pp
-from plugins.schedulers.pipar_search import exhaustive, trial_iteration
+from plugins.schedulers.pipar import plan as pp
+from plugins.schedulers.pipar.search import exhaustive, trial_iteration
 from tests.conftest import compose_cfg
 
 # exact comparisons of weights; the epoch-end evaluations are no part of them (small val/test sets:
@@ -135,7 +135,7 @@ def test_fedavg_is_the_weighted_sum_term_by_term(dtype):
     """FedAvg's K models as one stacked float64 tensor and one multi-tensor multiply (a few
     kernel launches on a GPU, not 2K) gives, bit for bit, the float64 sum of n_k / n x w_k taken
     term by term in the models' order (signed zeros included); mixed dtypes too."""
-    from plugins.schedulers.fedavg import fedavg
+    from plugins.schedulers.pipar.fedavg import fedavg
 
     g = torch.Generator().manual_seed(0)
     for k in (1, 3, 64):
@@ -360,7 +360,7 @@ def test_model_vectors_are_copies_laid_end_to_end_and_load_back():
     parameters and buffers end to end, copies of them (a later update does not show, also for a
     range of one tensor), loaded back exactly; a vector of the wrong length is refused."""
     from framework.models import UnitModel, build_model, clone_module
-    from plugins.schedulers.model_vectors import UnitLayout
+    from plugins.schedulers.pipar.model_vectors import UnitLayout
 
     cfg = compose_cfg(["model=vgg5", "dataset=synthetic_cifar10"])
     model = build_model(cfg.model, (3, 32, 32), 10)

@@ -5,7 +5,7 @@ stays selectable as `select=paper`, with its own estimate beside."""
 import pytest
 
 from framework.job import Job
-from plugins.schedulers import pipar_plan as pp
+from plugins.schedulers.pipar import plan as pp
 from tests.conftest import compose_cfg
 
 VGG = ["model=vgg5", "dataset=synthetic_cifar10", "train.batch_size=100", "runtime.numerics=false"]
@@ -57,7 +57,7 @@ def test_the_papers_estimate_misses_the_shared_server_by_far(tmp_path):
 def test_auto_finds_the_exhaustive_optimum_under_contention(tmp_path):
     """The exhaustive search's trials run on one replica's share of the server, so its optimum is
     the run's; auto's model finds the same (P, N)."""
-    from plugins.schedulers.pipar_search import exhaustive
+    from plugins.schedulers.pipar.search import exhaustive
 
     job = Job(compose_cfg(["scheduler=pipar", "cluster=pipar_4g", "cluster.num_devices=24", "dataset.n_train=12000", "model=vgg5", "dataset=synthetic_mnist", "train.batch_size=20",
                            "runtime.numerics=false"]), tmp_path)

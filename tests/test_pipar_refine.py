@@ -1,5 +1,5 @@
 """`select=refine`: the closed form's estimate corrected by a few timing-only trials
-(plugins/schedulers/pipar_refine.py), on synthetic trial functions and on a real job."""
+(plugins/schedulers/pipar/refine.py), on synthetic trial functions and on a real job."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from plugins.schedulers import pipar_plan as pp
-from plugins.schedulers.pipar_refine import efficient_n, refine, trial_cost
+from plugins.schedulers.pipar import plan as pp
+from plugins.schedulers.pipar.refine import efficient_n, refine, trial_cost
 from tests.conftest import compose_cfg
 
 B, N_SAMPLES, Q = 64, 1000, 5
@@ -181,7 +181,7 @@ def test_refine_on_a_real_timing_only_job(tmp_path):
     linear estimate underprices small micro-batches, the closed form's N is far off, and
     refine finds the exhaustive optimum at a few percent of its cost."""
     from framework.job import Job
-    from plugins.schedulers.pipar_search import exhaustive, trial_iteration
+    from plugins.schedulers.pipar.search import exhaustive, trial_iteration
 
     job = Job(compose_cfg(["scheduler=pipar", "scheduler.select=paper", "runtime.numerics=false", "model=vgg5", "dataset=synthetic_mnist", "dataset.n_train=2000", "train.batch_size=50", "cluster=pipar_4g", "cluster.device.call_overhead_s=0.02"]), tmp_path)
     plan = job.scheduler.planner  # the scheduler's (P, N) planning part

@@ -116,7 +116,7 @@ def test_each_epochs_idle_time_scans_only_what_overlaps_it(monkeypatch):
     """`first_overlapping(t)`: every interval before it ends by t, whatever order intervals were
     added in; idle times over a window from that index equal a scan of every interval."""
     import framework.timeline as timeline_module
-    from plugins.schedulers import idle
+    from plugins.schedulers.pipar import idle
 
     monkeypatch.setattr(timeline_module, "_BLOCK", 8)
     rng = random.Random(3)

@@ -86,7 +86,7 @@ def _intervals(v) -> bool:
 # kind -> {field: check}: what the receiver reads of each kind (other fields pass unread)
 SCHEMA = {
     # coordinator -> role, each on the tag of its kind
-    "setup": {"config": _obj, "plan": _obj, "run_id": _str},
+    "setup": {"config": _obj, "plan": _obj, "specs": _obj, "run_id": _str},
     "start": {"t_ref": _num},
     "go": {"epoch": _count, "t": _num},
     # role -> coordinator, on CTL

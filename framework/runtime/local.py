@@ -202,7 +202,10 @@ class LocalRuntime(Runtime):
             except asyncio.TimeoutError:
                 missing = sorted(set(roles) - ready)
                 raise RoleFailed(f"roles did not join within runtime.join_timeout_s={self.cfg.join_timeout_s:g}s: missing {listing(missing)}") from None
-            setup = {"kind": "setup", "config": _plain(self.run_config), "plan": scheduler.plan(), "run_id": self.run_id}
+            # one packet for all: each role reads its own spec (framework.specs), the plan rides along for
+            # the scheduler every role process builds (its role_devices and eval need it)
+            specs = {role: scheduler.role_spec(role).to_json() for role in roles}
+            setup = {"kind": "setup", "config": _plain(self.run_config), "plan": scheduler.plan(), "specs": specs, "run_id": self.run_id}
             packet = ctl_pack(setup, {k: v.detach() for k, v in scheduler.ctx.model.state_dict().items()})
             for role in roles:
                 await t.send(role, "setup", packet)

@@ -356,7 +356,10 @@ def _build_role(build, header: dict, weights: dict | None, role: str):
         sctx.model.load_state_dict(weights)  # the coordinator's initial model, whatever this host's RNG
     if sctx.cfg.runtime.numerics:
         sctx.compressor.prepare()  # compiled codecs load here, not on the event loop mid-run
-    return sctx, sched, sched.build_role(role)
+    spec = header["specs"].get(role)
+    if not isinstance(spec, dict):
+        raise RoleFailed(f"the coordinator's setup holds no spec for role {role!r}")
+    return sctx, sched, sched.role_from_spec(role, spec)
 
 
 class _CoordinatorLost(Exception):

@@ -27,7 +27,7 @@ import heapq
 class SharedProcessor:
     """`cores` shared by every computation on one device (processor sharing). A fraction of a
     core is allowed: one replica of K on C cores, alone, is a computation on C / K of a core
-    (PiPar's trial iterations, plugins/schedulers/pipar_search.py)."""
+    (PiPar's trial iterations, plugins/schedulers/pipar/search.py)."""
 
     def __init__(self, cores: float):
         if not cores > 0:

@@ -1,0 +1,43 @@
+"""framework.specs: a role's spec and a plan cross processes as JSON and come back equal."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from framework.specs import Data, RoleSpec
+
+
+@dataclass(frozen=True)
+class Slot(Data):
+    start: float
+    units: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ExampleSpec(RoleSpec):
+    peers: tuple[str, ...]
+    bounds: tuple[tuple[int, int], ...]
+    by_epoch: dict[int, tuple[int, int]]
+    slots: list[Slot]
+    lr: float
+    cap: int | None = None
+    first: Slot | None = None
+
+
+def test_a_spec_survives_json_exactly():
+    spec = ExampleSpec("stage1", "dev1", ("stage0", "stage2"), ((0, 3), (3, 7)), {2: (1, 5)}, [Slot(0.1 + 0.2, (1, 2))], 1e-3, None, Slot(1 / 3, ()))
+    wire = json.dumps(spec.to_json())  # what a role process receives
+    back = ExampleSpec.from_json(json.loads(wire))
+    assert back == spec and type(back.slots[0]) is Slot and back.first.start == 1 / 3 and back.by_epoch == {2: (1, 5)}
+    with pytest.raises(Exception):  # frozen: a role cannot change what the coordinator decided
+        back.lr = 0.1
+
+
+def test_unknown_fields_and_foreign_values_are_refused():
+    with pytest.raises(ValueError, match="unknown fields"):
+        RoleSpec.from_json({"role": "a", "device": "b", "plan": {}})
+    with pytest.raises(TypeError, match="not JSON data"):
+        ExampleSpec("r", "d", (), (), {}, [], object()).to_json()
