@@ -93,7 +93,7 @@ class Compressor:
 
     def __init__(self, cfg=None):
         self.cfg = cfg
-        get = (lambda k, d=None: cfg.get(k, d)) if cfg is not None and hasattr(cfg, "get") else (lambda k, d=None: d)
+        get = (lambda k, d=None: cfg.get(k, d)) if cfg is not None else (lambda k, d=None: d)  # None: no compression, its defaults
         self.forward_tag = get("forward_tag", "act")
         self.backward_tag = get("backward_tag", "grad")
         self.directions = {

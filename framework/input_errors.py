@@ -26,6 +26,7 @@ import re
 import sys
 import traceback
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 
 from framework.errors import CHOICES_MOST, listing, one_line
@@ -234,7 +235,7 @@ def _wrong_type(key: str, e, argv: list[str]) -> str:
     default = ""
     try:
         current = e.parent_node.get(leaf) if e.parent_node is not None else None
-        if current is not None and not hasattr(current, "keys"):
+        if current is not None and not isinstance(current, Mapping):  # a value, not a group of keys
             default = f" (default {_yaml(current)})"
     except Exception:  # a node that cannot say its value: no default shown
         pass

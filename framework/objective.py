@@ -97,7 +97,7 @@ def run_metrics(summary: dict) -> dict[str, float]:
 
 def metric_floor(tcfg) -> Optional[tuple[str, float]]:
     """(metric, bound) of `tracking.metric_floor`, or None when no floor is set."""
-    floor = tcfg.get("metric_floor") if hasattr(tcfg, "get") else getattr(tcfg, "metric_floor", None)
+    floor = tcfg.metric_floor
     if floor is None or floor.get("min") is None:
         return None
     return str(floor.get("metric")), float(floor.get("min"))

@@ -22,9 +22,11 @@ still works, for plugins that do not mind being imported eagerly.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
 
 from framework.errors import ConfigError, PipelabError
 
@@ -213,11 +215,36 @@ def declared(group: str, name: str) -> Entry:
 
 
 def build(group: str, cfg: Any, *args, **kwargs) -> Any:
-    """Instantiate the plugin that `cfg.name` names in `group`."""
-    name = cfg.get("name") if hasattr(cfg, "get") else getattr(cfg, "name", None)
+    """Instantiate the plugin that `cfg.name` names in `group`. The plugin receives its config in
+    one shape whoever calls (the CLI's composed config, the Python API's dataclass or dict):
+    `typed_config`."""
+    cfg = as_config(cfg)
+    name = cfg.get("name")
     if not name:
         raise ConfigError(f"{group}.name", f"missing; registered {group}s: {', '.join(names(group))}")
-    return entry(group, name).factory(cfg, *args, **kwargs)
+    found = entry(group, name)
+    return found.factory(typed_config(found, cfg), *args, **kwargs)
+
+
+def as_config(cfg: Any) -> DictConfig:
+    """A config node as OmegaConf's DictConfig (a dataclass instance or a dict becomes one)."""
+    if isinstance(cfg, DictConfig):
+        return cfg
+    if cfg is None or not (isinstance(cfg, dict) or is_dataclass(cfg)):
+        raise ConfigError("name", f"a plugin's config is a mapping with a `name`; got {type(cfg).__name__}")
+    return OmegaConf.structured(cfg) if is_dataclass(cfg) else OmegaConf.create(cfg)
+
+
+def typed_config(found: Entry, cfg: DictConfig) -> DictConfig:
+    """`cfg` typed by the plugin's schema: every field there, with its default where the caller
+    gave none, so plugins read `cfg.field` and never probe. A node the CLI composed already is."""
+    schema = found.schema
+    if schema is None:
+        return cfg
+    have = OmegaConf.get_type(cfg)
+    if isinstance(have, type) and issubclass(have, schema):
+        return cfg
+    return OmegaConf.merge(OmegaConf.structured(schema), cfg)
 
 
 def describe() -> str:

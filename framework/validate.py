@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 import typing
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from framework import registry, validate_numbers
 from framework.config import NONFINITE_POLICIES, TrainConfig
@@ -152,10 +152,10 @@ def check_time_models(cluster) -> None:
 
     entries = [("cluster.device", cluster.device)] + [(f"cluster.devices.{k}", v) for k, v in (cluster.devices or {}).items()]
     for where, node in entries:
-        model = node.get("time_model") if hasattr(node, "get") else None
+        model = node.get("time_model") if isinstance(node, DictConfig) else None
         if model is not None and model not in TIME_MODELS:
             raise ConfigError(f"{where}.time_model", f"{model!r} is not a time model; choices: {', '.join(TIME_MODELS)}")
-        table = node.get("table") if hasattr(node, "get") else None
+        table = node.get("table") if isinstance(node, DictConfig) else None
         if table is not None and str(table) not in table_names():
             read = "" if model == "table" else " (read by time_model=table)"
             names = table_names()

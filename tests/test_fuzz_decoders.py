@@ -252,7 +252,7 @@ def _interval_t():
 
 
 VALID_HEADERS = [
-    {"kind": "setup", "config": {"train": {"epochs": 2, "lr": 0.1}, "model": {"name": "mlp"}}, "plan": {"stages": [[0, 2], [2, 4]]}, "run_id": "r1"},
+    {"kind": "setup", "config": {"train": {"epochs": 2, "lr": 0.1}, "model": {"name": "mlp"}}, "plan": {"stages": [[0, 2], [2, 4]]}, "specs": {"stage0": {"role": "stage0", "device": "dev0"}}, "run_id": "r1"},
     {"kind": "start", "t_ref": 1712345678.25},
     {"kind": "go", "epoch": 3, "t": 4.5},
     {"kind": "built"},
@@ -294,7 +294,7 @@ def _consume(header: dict, tensors) -> None:
     elif kind == "go":
         max(h["t"] - 1.0, 0.0) + h["epoch"]  # the role sleeps until t
     elif kind == "setup":
-        dict(h["config"]), dict(h["plan"]), str(h["run_id"])
+        dict(h["config"]), dict(h["plan"]), dict(h["specs"]), str(h["run_id"])
     assert tensors is None or all(isinstance(t, torch.Tensor) for t in tensors.values())
 
 
@@ -419,7 +419,7 @@ def test_forged_kinds_and_fields_are_wire_errors_not_key_errors():
         with pytest.raises(WireError):
             ctl_unpack(struct.pack("<I", len(head)) + head, TO_COORDINATOR)
     with pytest.raises(WireError, match="expected go"):
-        ctl_unpack(ctl_pack({"kind": "setup", "config": {}, "plan": {}, "run_id": "r"}), ("go",))
+        ctl_unpack(ctl_pack({"kind": "setup", "config": {}, "plan": {}, "specs": {}, "run_id": "r"}), ("go",))
     with pytest.raises(WireError, match="field 'epoch'"):  # the sender finds out first
         ctl_pack({"kind": "it", "iteration": 1, "samples": 2, "now": 0.1})
 

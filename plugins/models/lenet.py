@@ -21,7 +21,7 @@ def lenet(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Modul
     """LeNet-5: conv6-5, conv16-5, fc120, fc84, fc-X (variant `mxnet`: see `lenet_mxnet`)."""
     if len(input_shape) != 3:
         raise ConfigError("model.name", f"lenet needs image input (C, H, W), got shape {tuple(input_shape)}")
-    variant = str(cfg.get("variant", "lecun") if hasattr(cfg, "get") else getattr(cfg, "variant", "lecun"))
+    variant = str(cfg.variant)
     if variant not in VARIANTS:
         raise ConfigError("model.variant", f"{variant!r} is not a LeNet variant; choices: {', '.join(VARIANTS)}")
     if variant == "mxnet":

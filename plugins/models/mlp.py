@@ -17,7 +17,7 @@ from plugins.models.schemas import MLPConfig  # noqa: F401  (the schemas live in
 def mlp(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
     """MLP: fc0 (flatten + Linear + ReLU), fc1..fc{depth-2}, head. `widths` gives each hidden
     layer's width (then depth = len(widths) + 1); else `depth` - 1 layers of `hidden`."""
-    widths = cfg.get("widths") if hasattr(cfg, "get") else getattr(cfg, "widths", None)
+    widths = cfg.widths
     if widths is not None:
         widths = [int(w) for w in widths]
         if not widths or min(widths) < 1:
