@@ -30,7 +30,7 @@ from framework.config import swept_overrides
 from framework.models import build_model
 from framework.runtime.base import RuntimeHooks
 from framework.scheduler import SchedulerContext
-from framework.tracking import flatten, mlflow_name
+from framework.mlflow_store import flatten, mlflow_name
 from framework.transport import FAULTS, Network
 from framework.validate import validate
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from framework.config import SWEEP_KEYS_FILE, read_sweep_keys
-from framework.tracking import client_and_experiment
+from framework.mlflow_store import client_and_experiment
 
 PARENT_FILE = "mlflow_parent_run_id"
 

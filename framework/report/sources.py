@@ -19,7 +19,7 @@ from framework.comparison import RunRecord, is_number
 from framework.config import SWEEP_KEYS_FILE
 from framework.errors import PipelabError
 from framework.multirun import swept_keys
-from framework.tracking import flatten, mlflow_name
+from framework.mlflow_store import flatten, mlflow_name, quiet_mlflow
 
 EPOCH_MEAN = "time/epoch_virtual_s (mean)"  # the mean over epochs: MLflow's latest value is the last epoch's only
 BYTES_TOTAL = "net/bytes (all links)"
@@ -158,9 +158,8 @@ def _client(uri: str, name: str):
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         # MLflow would create (and migrate) an empty store: say what is wrong instead
         raise ReportError(f"{name}: no such folder, and no MLflow store at {uri[len('sqlite:///'):]} (give a sweep folder, or --tracking-uri)")
-    from framework.tracking import _quiet_mlflow
 
-    _quiet_mlflow()
+    quiet_mlflow()
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)

@@ -1,0 +1,263 @@
+"""No import cycles in `framework/` or `plugins/` (issue 45): no two modules that import each
+other, directly or around a loop.
+
+Every import statement counts, wherever it stands: at module level, inside functions and
+methods, in `try` blocks, under `if TYPE_CHECKING:`. A function-local import only delays a
+loop to run time, and a `TYPE_CHECKING` import is still a dependency a reader must follow, so
+neither hides one here. So does `importlib.import_module("a.b")` with the name written out: an
+import statement by another spelling. The files are parsed (`ast`), nothing is imported.
+
+What an import is an edge to:
+- `import a.b.c` (or `import_module("a.b.c")`) -> the module `a.b.c`.
+- `from a.b import c` -> `a.b.c` when that is a module (a file or a package) of the project,
+  else `a.b` (then `c` is a name defined in, or re-exported by, `a.b`).
+- relative imports are resolved against the importing module's package first.
+- modules outside `framework/` and `plugins/` (torch, the standard library, tests) are no edges.
+
+How package `__init__` modules count: importing `a.b.c` runs `a/__init__` and `a/b/__init__`
+first, but that is no edge to them. A module depends on a package's `__init__` only when it uses
+a name the `__init__` defines: `from a.b import name` with `name` not a submodule, or
+`import a.b` itself. Counting every parent package as an edge would report a loop for every
+package whose `__init__` imports its own submodules (`plugins/__init__` imports `plugins.models`,
+whose files import nothing from `plugins`), a loop Python never trips on: the `__init__` is
+already running, and the submodule needs none of its names. A submodule that does take a name
+from an `__init__` which imports it is a real loop (the name may not exist yet), and is counted.
+
+No edges: the names a plugin hands the registry about itself (`declare(group, name,
+"module:attr")`, `defer_import("module")`, entry points), which the registry imports later
+through a variable. They are the inversion that lets the core build plugins it does not know:
+the plugin names itself to the registry, the registry imports it on first use.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = ("framework", "plugins")
+
+# Loops lying wholly inside plugins/schedulers/, tolerated while the lead moves those files into
+# one package per system (issue 45, scope 1): each entry is one strongly connected component, as
+# its members. Exactly these are tolerated: any other loop fails, and so does an entry that no
+# longer matches a loop (then delete it). Empty this list when the move lands.
+PENDING_IN_PLUGINS_SCHEDULERS: list[frozenset[str]] = [
+    # pipar_planner -> pipar_search -> split_roles -> pipar_planner
+    frozenset({"plugins.schedulers.pipar_planner", "plugins.schedulers.pipar_search", "plugins.schedulers.split_roles"}),
+    # super_neuron -> super_neuron_roles -> super_neuron
+    frozenset({"plugins.schedulers.super_neuron", "plugins.schedulers.super_neuron_roles"}),
+]
+
+
+def project_modules(repo: Path = REPO) -> dict[str, Path]:
+    """Dotted module name -> file, for every `.py` under the roots (a package is its `__init__`)."""
+    mods = {}
+    for root in ROOTS:
+        for path in sorted((repo / root).rglob("*.py")):
+            parts = list(path.relative_to(repo).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            mods[".".join(parts)] = path
+    return mods
+
+
+def _package_of(module: str, path: Path) -> str:
+    """The package a relative import in `module` is resolved against."""
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _import_module_call(node: ast.AST) -> bool:
+    """`importlib.import_module("a.b")` (or a bare `import_module`) with the name written out."""
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant) or not isinstance(node.args[0].value, str):
+        return False
+    f = node.func
+    return (isinstance(f, ast.Attribute) and f.attr == "import_module") or (isinstance(f, ast.Name) and f.id == "import_module")
+
+
+def imports_of(module: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """The project modules that `module`'s import statements (all of them, see the docstring) name."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) or _import_module_call(node):
+            for name in [a.name for a in node.names] if isinstance(node, ast.Import) else [node.args[0].value]:
+                if name in mods:
+                    out.add(name)
+                elif name.partition(".")[0] in ROOTS:
+                    raise AssertionError(f"{path}: `import {name}` names no module of the project")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = _package_of(module, path)
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            if base.partition(".")[0] not in ROOTS:
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in mods:
+                    out.add(sub)
+                elif base in mods:
+                    out.add(base)
+                else:
+                    raise AssertionError(f"{path}: `from {base} import {alias.name}` names no module of the project")
+    out.discard(module)
+    return out
+
+
+def import_graph(repo: Path = REPO) -> dict[str, set[str]]:
+    mods = project_modules(repo)
+    return {m: imports_of(m, p, mods) for m, p in mods.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's algorithm, iterative (no recursion limit); only components that hold a loop."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[set[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                comp = set()
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    comp.add(m)
+                    if m == node:
+                        break
+                if len(comp) > 1 or node in graph[node]:
+                    out.append(comp)
+    return out
+
+
+def shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
+    """The shortest loop inside one component (breadth-first from each member), first member
+    repeated at the end; ties go to the alphabetically first."""
+    best: list[str] | None = None
+    for start in sorted(comp):
+        parent = {start: None}
+        queue = deque([start])
+        found = None
+        while queue and found is None:
+            node = queue.popleft()
+            for nxt in sorted(graph[node] & comp):
+                if nxt == start:
+                    found = node
+                    break
+                if nxt not in parent:
+                    parent[nxt] = node
+                    queue.append(nxt)
+        if found is None:
+            continue
+        path = [found]
+        while parent[path[-1]] is not None:
+            path.append(parent[path[-1]])
+        cycle = [*reversed(path), start]
+        if best is None or len(cycle) < len(best):
+            best = cycle
+    assert best is not None
+    return best
+
+
+def describe(graph: dict[str, set[str]], comp: set[str]) -> str:
+    """The component's shortest loop, `a -> b -> a`, and all its members when it has more."""
+    cycle = shortest_cycle(graph, comp)
+    loop = " -> ".join(cycle)
+    return loop if len(comp) == len(cycle) - 1 else f"{loop}  (component of {len(comp)}: {', '.join(sorted(comp))})"
+
+
+def test_no_import_cycles_in_framework_or_plugins():
+    graph = import_graph()
+    comps = strongly_connected(graph)
+    pending = set(PENDING_IN_PLUGINS_SCHEDULERS)
+    assert all(m.startswith("plugins.schedulers.") for c in pending for m in c), "PENDING_IN_PLUGINS_SCHEDULERS holds only loops inside plugins/schedulers/"
+    loops = [describe(graph, c) for c in comps if frozenset(c) not in pending]
+    stale = [sorted(c) for c in pending if c not in {frozenset(c) for c in comps}]
+    assert not loops, "import cycles:\n" + "\n".join(loops)
+    assert not stale, f"no longer a loop, delete from PENDING_IN_PLUGINS_SCHEDULERS: {stale}"
+
+
+# --- the checker itself, on small trees -------------------------------------------------------
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
+    for rel, text in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    for root in ROOTS:
+        (tmp_path / root).mkdir(exist_ok=True)
+        (tmp_path / root / "__init__.py").touch()
+    return import_graph(tmp_path)
+
+
+def test_checker_sees_imports_inside_functions_try_and_type_checking(tmp_path):
+    graph = _tree(tmp_path, {
+        "framework/a.py": "def f():\n    from framework import b\n",
+        "framework/b.py": "try:\n    import framework.c\nexcept ImportError:\n    pass\n",
+        "framework/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n",
+        "framework/d.py": "import framework.a\n",
+        "framework/e.py": "import importlib\ndef load():\n    importlib.import_module('framework.d')\n",
+    })
+    assert graph["framework.e"] == {"framework.d"}  # a module imported by its written name
+    assert graph["framework.a"] == {"framework.b"} and graph["framework.b"] == {"framework.c"}
+    assert graph["framework.c"] == {"framework.a"}  # relative, resolved
+    comps = strongly_connected(graph)
+    assert comps == [{"framework.a", "framework.b", "framework.c"}]
+    assert describe(graph, comps[0]) == "framework.a -> framework.b -> framework.c -> framework.a"
+
+
+def test_checker_counts_a_package_init_only_for_the_names_it_defines(tmp_path):
+    graph = _tree(tmp_path, {
+        "plugins/pkg/__init__.py": "from plugins.pkg.sub import X\nY = 1\n",
+        "plugins/pkg/sub.py": "from plugins.pkg import other\nX = 1\n",  # a submodule: no edge to the __init__
+        "plugins/pkg/other.py": "",
+    })
+    assert graph["plugins.pkg.sub"] == {"plugins.pkg.other"}
+    assert strongly_connected(graph) == []
+    graph = _tree(tmp_path, {"plugins/pkg/other.py": "from plugins.pkg import Y\n"})  # a name of the __init__
+    assert graph["plugins.pkg.other"] == {"plugins.pkg"}
+    graph = _tree(tmp_path, {"plugins/pkg/__init__.py": "from plugins.pkg.sub import X\nfrom . import other\n"})
+    (comp,) = strongly_connected(graph)  # the __init__ imports its submodules, `other` takes Y from it
+    assert shortest_cycle(graph, comp) == ["plugins.pkg", "plugins.pkg.other", "plugins.pkg"]
+
+
+def test_checker_reports_the_shortest_loop_of_a_component(tmp_path):
+    graph = _tree(tmp_path, {
+        "framework/a.py": "import framework.b\nimport framework.d\n",
+        "framework/b.py": "import framework.c\n",
+        "framework/c.py": "import framework.a\n",
+        "framework/d.py": "import framework.a\n",
+    })
+    (comp,) = strongly_connected(graph)
+    assert shortest_cycle(graph, comp) == ["framework.a", "framework.d", "framework.a"]
+    assert "component of 4" in describe(graph, comp)
