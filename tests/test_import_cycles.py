@@ -38,17 +38,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = ("framework", "plugins")
 
-# Loops lying wholly inside plugins/schedulers/, tolerated while the lead moves those files into
-# one package per system (issue 45, scope 1): each entry is one strongly connected component, as
-# its members. Exactly these are tolerated: any other loop fails, and so does an entry that no
-# longer matches a loop (then delete it). Empty this list when the move lands.
-PENDING_IN_PLUGINS_SCHEDULERS: list[frozenset[str]] = [
-    # pipar_planner -> pipar_search -> split_roles -> pipar_planner
-    frozenset({"plugins.schedulers.pipar_planner", "plugins.schedulers.pipar_search", "plugins.schedulers.split_roles"}),
-    # super_neuron -> super_neuron_roles -> super_neuron
-    frozenset({"plugins.schedulers.super_neuron", "plugins.schedulers.super_neuron_roles"}),
-]
-
 
 def project_modules(repo: Path = REPO) -> dict[str, Path]:
     """Dotted module name -> file, for every `.py` under the roots (a package is its `__init__`)."""
@@ -197,13 +186,8 @@ def describe(graph: dict[str, set[str]], comp: set[str]) -> str:
 
 def test_no_import_cycles_in_framework_or_plugins():
     graph = import_graph()
-    comps = strongly_connected(graph)
-    pending = set(PENDING_IN_PLUGINS_SCHEDULERS)
-    assert all(m.startswith("plugins.schedulers.") for c in pending for m in c), "PENDING_IN_PLUGINS_SCHEDULERS holds only loops inside plugins/schedulers/"
-    loops = [describe(graph, c) for c in comps if frozenset(c) not in pending]
-    stale = [sorted(c) for c in pending if c not in {frozenset(c) for c in comps}]
-    assert not loops, "import cycles:\n" + "\n".join(loops)
-    assert not stale, f"no longer a loop, delete from PENDING_IN_PLUGINS_SCHEDULERS: {stale}"
+    loops = [describe(graph, c) for c in strongly_connected(graph)]
+    assert not loops, "import cycles (break each by design: move what both sides use to its own module, or invert a dependency):\n" + "\n".join(loops)
 
 
 # --- the checker itself, on small trees -------------------------------------------------------
