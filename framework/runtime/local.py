@@ -40,6 +40,7 @@ from typing import Callable
 from framework import secret_pipe
 from framework.errors import ConfigError, PipelabError, WireError, listing
 from framework.nonfinite import NonFiniteError
+from framework.parent_death import die_with_parent
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.base import Runtime
 from framework.runtime.control import COORDINATOR, CTL, TO_COORDINATOR, ctl_pack, ctl_unpack
@@ -357,28 +358,6 @@ def role_error(role: str, h: dict) -> Exception:
 
 class RemoteRuntime(LocalRuntime):
     spawn_workers = False
-
-
-def _libc_prctl():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _libc_prctl()  # resolved now: a preexec_fn must not import or take locks
-
-
-def die_with_parent() -> None:
-    """preexec_fn of child processes (Linux): be sent SIGTERM when the parent dies, even by
-    SIGKILL, so a killed coordinator leaves no role processes or broker behind. Elsewhere the
-    roles notice the coordinator's MQTT last will instead."""
-    if _PRCTL is not None:
-        _PRCTL(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
 
 
 def _plain(cfg) -> dict:
