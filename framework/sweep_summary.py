@@ -57,7 +57,7 @@ def plot(result: dict, metric: str, out_dir: Path) -> Path | None:
     import matplotlib  # matplotlib: start-up (a sweep's end imports it, no run does)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: start-up (after the Agg backend is chosen)
 
     panels = [m for m in (metric, "time/epoch_virtual_s") if any(isinstance(r.get(m), float) for r in rows)]
     if not panels:

@@ -20,7 +20,7 @@ def _plt():
     import matplotlib  # matplotlib: start-up (only drawing a plot imports it)
 
     matplotlib.use("Agg")  # no display: files only
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: start-up (after the Agg backend is chosen)
 
     return plt
 
