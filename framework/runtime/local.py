@@ -37,16 +37,18 @@ import time
 import uuid
 from typing import Callable
 
+from omegaconf import OmegaConf
+
 from framework import secret_pipe
 from framework.errors import ConfigError, PipelabError, WireError, listing
 from framework.nonfinite import NonFiniteError
 from framework.parent_death import die_with_parent
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.base import Runtime
+from framework.runtime.configs import LocalConfig, RemoteConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 from framework.runtime.control import COORDINATOR, CTL, TO_COORDINATOR, ctl_pack, ctl_unpack
 from framework.runtime.role_process import TRANSPORT_FAILED_EXIT, RoleFailed
-from framework.transport import Network
-from framework.runtime.configs import LocalConfig, RemoteConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
+from framework.transport import FAULTS, Network
 
 
 # ---- the coordinator -----------------------------------------------------------------------
@@ -86,8 +88,6 @@ class LocalRuntime(Runtime):
 
     def _report_transport_faults(self) -> None:
         """One line when any endpoint dropped or refused frames (summary.json has them per role)."""
-        from framework.transport import FAULTS
-
         parts = []
         back = {role: (st.get("transport") or {}).get("reconnects", 0) for role, st in sorted(self.process_stats.items())}
         if any(back.values()):
@@ -361,8 +361,6 @@ class RemoteRuntime(LocalRuntime):
 
 
 def _plain(cfg) -> dict:
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_container(cfg, resolve=True)
 
 
