@@ -40,6 +40,7 @@ link runs a bounded stop-and-wait ARQ (a radio MAC's ACKs and retransmissions; `
 from __future__ import annotations
 
 import bisect
+import copy
 import fnmatch
 import hashlib
 import itertools
@@ -54,10 +55,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from framework import profile_tables
 from framework.config import TIME_MODELS, DeviceConfig, LinkConfig
 from framework.errors import ConfigError, listing
+from framework.lean_torch import SGD, backward
+from framework.validate_numbers import LINK
 
 
 @dataclass(frozen=True)
@@ -188,8 +192,6 @@ class Channel:
 def check_link(cfg: LinkConfig, where: str) -> None:
     """A link's numbers in their ranges (framework.validate_numbers.LINK, checked before the run
     too): a cluster built from code gets the same checks."""
-    from framework.validate_numbers import LINK
-
     for key, r in LINK.items():
         why = r.problem(getattr(cfg, key))
         if why:
@@ -309,8 +311,6 @@ def _merge(dc_cls, base, override: dict, where: str):
 
 
 def _plain(node) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
     if isinstance(node, (DictConfig, ListConfig)):
         return OmegaConf.to_container(node, resolve=True)
     return node
@@ -468,10 +468,6 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, 
             return json.loads(path.read_text())
         except (OSError, ValueError):
             pass  # a corrupt cache entry is measured again
-    import copy
-
-    from framework.lean_torch import backward
-
     rng_state = torch.get_rng_state()
     units = [copy.deepcopy(u).to(dtype) for u in model.units]
     for u in units:
@@ -514,8 +510,6 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, 
         params = [p for p in u.parameters() if p.grad is not None]
         ts = []
         if params:
-            from framework.lean_torch import SGD
-
             opt = SGD(params, lr=1e-6, momentum=0.9)
             for r in range(repeats + 1):
                 t0 = timer()

@@ -9,12 +9,20 @@ type or an unknown key while composing. Checks that span fields or groups live i
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import MISSING, OmegaConf
+
+from framework.errors import ConfigError
 
 # the config tree (an absolute path: Hydra resolves relative ones against the module, which fails under `-m`)
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -61,9 +69,6 @@ def extra_config_dirs(argv=(), *, sources: bool = False) -> list:
 
 def searchpath_override(argv) -> list[str] | None:
     """The entries of a `hydra.searchpath=[...]` override among `argv` (None: there is none)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     for arg in argv:
         if arg.lstrip("+~").split("=", 1)[0].strip() != "hydra.searchpath" or "=" not in arg:
             continue
@@ -80,8 +85,6 @@ def _search_dir(entry: str) -> Path | None:
     if scheme == "file":
         return Path(rest).expanduser().absolute()
     if scheme == "pkg":
-        import importlib.util
-
         try:
             spec = importlib.util.find_spec(rest.replace("/", "."))
         except (ImportError, ValueError):
@@ -315,8 +318,6 @@ def study_direction(direction: str) -> str:
     """Optuna's name for `tracking.optimized_direction`: max -> maximize, min -> minimize."""
     names = {"max": "maximize", "min": "minimize"}
     if direction not in names:
-        from framework.errors import ConfigError
-
         raise ConfigError("tracking.optimized_direction", f"{direction!r} is not a direction; choices: max, min")
     return names[direction]
 
@@ -324,8 +325,6 @@ def study_direction(direction: str) -> str:
 def register_resolvers() -> None:
     """`${mul:2,${cluster.device.slowdown}}`: presets derive one knob from another, so an
     override of the base knob (say the device slowdown) carries through."""
-    from omegaconf import OmegaConf
-
     if not OmegaConf.has_resolver("mul"):
         OmegaConf.register_new_resolver("mul", _mul)
     if not OmegaConf.has_resolver("pipelab_job_dir"):
@@ -341,9 +340,6 @@ SWEEP_KEYS_FILE = "sweep_keys.json"  # in a sweep's folder: the keys it varies (
 
 def read_sweep_keys(sweep_dir) -> set[str]:
     """The keys the sweep in `sweep_dir` varies; empty if it recorded none."""
-    import json
-    from pathlib import Path
-
     try:
         return set(json.loads((Path(str(sweep_dir)) / SWEEP_KEYS_FILE).read_text()))
     except (OSError, ValueError):
@@ -358,17 +354,12 @@ def swept_overrides(overrides, keys: set[str]) -> list[str]:
 def task_overrides() -> list[str]:
     """This Hydra job's command-line overrides, as written: a `${...}` in a value stays text
     (iterating Hydra's list resolves it, and fails on a key that does not exist)."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
     return [str(o) for o in OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)]
 
 
 def job_dir_name(num, sweep_dir) -> str:
     """A sweep job's folder: its number and the values of the keys the sweep varies, e.g.
     `2_cluster.link.bandwidth_bps=1e7` (`hydra.sweep.subdir`), safe as one path component."""
-    import re
-
     try:
         overrides = task_overrides()
     except ValueError:  # not under Hydra: the number alone

@@ -20,9 +20,12 @@ metric (`time/epoch_virtual_s`) its last epoch's value.
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
 from typing import Any, Callable, Iterable, Optional
 
+from framework import registry
 from framework.errors import ConfigError, listing
 
 DIRECTIONS = ("max", "min")
@@ -56,22 +59,16 @@ declare_metrics(
 
 def metric_names() -> list[str]:
     """Every declared metric name (the plugins' too), core ones first."""
-    from framework import registry
-
     registry.load_plugins()
     return list(_METRICS)
 
 
 def known_metric(name: str) -> bool:
-    import re
-
     return any(re.fullmatch(".+".join(map(re.escape, re.split(r"<[^>]*>", m))), name) for m in metric_names())
 
 
 def check_metric(key: str, name: str) -> None:
     """ConfigError unless `name` is a metric some run records (`declare_metrics`)."""
-    import difflib
-
     if known_metric(name):
         return
     names = metric_names()

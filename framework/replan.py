@@ -19,6 +19,8 @@ device's); a stage whose prediction was 0 is never called off (nothing to compar
 
 from __future__ import annotations
 
+import torch
+
 from framework.errors import ConfigError
 from framework.partition import bounds_from_cuts
 from framework.predictor import Predictor
@@ -86,8 +88,6 @@ def restore(sched, events: list[dict]) -> None:
 async def exchange(role, ctx, epoch: int) -> None:
     """A stage's part at an epoch's end: report this epoch's time per mini-batch to stage 0, get
     the cuts back, and move units if they changed (stage 0 decides)."""
-    import torch
-
     sched, S = role.sched, len(role.bounds)
     per_batch = role.busy_s / max(role.batches, 1)
     central = sched.roles_[0]

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from framework.cluster import Work
+from framework import checkpoint as ck
 from framework import lean_torch, nonfinite, replicas
+from framework.cluster import Work
 from framework.lean_torch import SGD, optimizers_without_dynamo
 
 
@@ -283,8 +284,6 @@ class Stage:
     def checkpoint(self, bag, prefix: str, weights: bool = True) -> dict:
         """The stage's weights (unless its owner stores the whole model), optimizer state and
         counters into `bag` (framework.checkpoint). Taken between flushes: no activations alive."""
-        from framework import checkpoint as ck
-
         self.hand_out_gradients()
         if self._saved or self._history:
             raise ck.CheckpointError(f"stage [{self.start}:{self.stop}) still holds activations of {sorted(map(str, [*self._saved, *self._history]))}")
@@ -296,8 +295,6 @@ class Stage:
         return out
 
     def restore(self, bag, desc: dict) -> None:
-        from framework import checkpoint as ck
-
         if list(desc["bounds"]) != [self.start, self.stop]:
             raise ck.CheckpointError(f"checkpoint of stage {desc['bounds']} restored into stage [{self.start}, {self.stop})")
         self.version, self.peak_inflight, self.staleness = int(desc["version"]), int(desc["peak_inflight"]), list(desc["staleness"])

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from framework.errors import ConfigError
 
@@ -163,8 +164,6 @@ def _leaves(node, prefix: str):
 def resolved(cfg) -> dict:
     """The config as plain containers, every interpolation resolved; one that cannot be resolved
     is a ConfigError naming its key."""
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:

@@ -162,8 +162,8 @@ def sweep_combinations(overrides: list[str]) -> list[list[str]]:
 
 def compose_error(overrides: list[str]) -> str | None:
     """What the CLI would say before running anything (None: it would run)."""
-    from framework.cli import check_group_overrides
     from framework.errors import PipelabError
+    from framework.group_options import check_group_overrides
     from framework.validate import validate
 
     problem = check_group_overrides(overrides)
