@@ -74,7 +74,7 @@ class PipelineScheduler(Scheduler):
         self._plan_json = self.pipeline_plan.to_json()
         self.bounds = list(self.pipeline_plan.bounds)
         self.devices = list(self.pipeline_plan.devices)
-        self.roles_ = list(self.pipeline_plan.roles)
+        self.roles = list(self.pipeline_plan.roles)
         self.epoch_end = pipeline_epoch_end.chosen(cfg)
         if self.epoch_end is not None:
             self.epoch_end.policy_class().check(cfg, ctx)
@@ -195,12 +195,12 @@ class PipelineScheduler(Scheduler):
     # -- what the runtimes ask of a scheduler -----------------------------------------------------
 
     def role_devices(self) -> dict[str, str]:
-        return dict(zip(self.roles_, self.devices))
+        return dict(zip(self.roles, self.devices))
 
     def role_spec(self, role: str) -> StageSpec:
         """Stage `role`'s slice of the plan and the knobs it reads."""
         plan = self.pipeline_plan
-        s = self.roles_.index(role)
+        s = self.roles.index(role)
         cut = self.cfg.partition
         return StageSpec(
             role, plan.devices[s], stage=s, roles=plan.roles, devices=plan.devices, bounds=plan.bounds,

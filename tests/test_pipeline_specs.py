@@ -21,7 +21,8 @@ from tests.conftest import compose_cfg
 
 SMALL = ["model=mlp", "dataset=synthetic_mnist", "dataset.n_train=96", "dataset.n_val=32", "dataset.n_test=32", "cluster=uniform", "cluster.num_devices=3",
          "train.batch_size=16", "train.epochs=3", "train.iterations_per_epoch=3", "predictor=oracle", "tracking=none", "runtime.progress=false"]
-SCHEDULES = [["scheduler=gpipe"], ["scheduler=1f1b"], ["scheduler=pipedream"], ["scheduler=local"], ["scheduler=pipedream", "scheduler.replan_epsilon=0.15"]]
+SCHEDULES = [["scheduler=gpipe"], ["scheduler=1f1b"], ["scheduler=pipedream"], ["scheduler=local"], ["scheduler=pipedream", "scheduler.replan_epsilon=0.15"],
+             ["scheduler=1f1b", "scheduler.repartition=[[1,[1,3]]]", "scheduler.partition=[1,2]"]]
 
 
 def _held(obj, depth: int):
