@@ -176,7 +176,7 @@ class PipelineConfig(SchedulerConfig):
     """Knobs every pipeline schedule (framework.pipeline) shares."""
 
     repartition: List[Any] = field(default_factory=list)  # [[epoch, cuts], ...]: move units between stages at that epoch's start
-    replan_epsilon: Optional[float] = None  # re-plan at an epoch's end when a stage's measured fwd+bwd time is off its prediction by more than this fraction (AccEPT; framework/replan.py); null: never
+    replan_epsilon: Optional[float] = None  # re-plan at an epoch's end when a stage's measured fwd+bwd time is off its prediction by more than this fraction (AccEPT; plugins/predictors/accept_replan.py); null: never
 
 
 @dataclass
