@@ -22,10 +22,12 @@ The baselines are the same roles with other settings:
 
 Where things are: the plan and each role's spec (`pipar.specs`), the roles (`pipar.roles`,
 `pipar.aggregator`), FedAvg (`fedavg`), flat model vectors (`model_vectors`), the (P, N) planner
-(`pipar.planner`, math in `pipar.plan`, trials in `pipar.search` and `pipar.refine`). Roles: `dev<k>` on device `dev<k>`; on device `server`:
-`srv<k>` (one replica per device, computing in parallel: `server_mode=parallel`, Fig. 3c), or one
-`server` role that serves the devices in turn (`server_mode=sequential`, Fig. 3b; also SFL's
-shared model); and `fed`, which averages. Decisions left open by the paper are in
+(`pipar.planner`, math in `pipar.plan`, trials in `pipar.search` and `pipar.refine`). Roles:
+`dev<k>` on device `dev<k>`; on device `server`: `srv<k>` (one replica per device, computing in
+parallel: `server_mode=parallel`, Fig. 3c), or one `server` role that serves the devices in turn
+(`server_mode=sequential`, Fig. 3b; also SFL's shared model); and `fed`, which averages. Each
+role is built from its spec (`role_spec`: its slice of the plan and its knobs) and the run's
+parts, and holds no reference to the scheduler. Decisions left open by the paper are in
 `pipar.notes.md` section 8 and in the docstrings (disconnects, DP noise, re-selection).
 """
 
@@ -91,8 +93,8 @@ class Collaborative(Scheduler):
             self._plan, self._plan_json = None, None
             self.predicted_epoch = self.predict_epoch()
         self.server_roles = self._server_roles()
-        # device -> its server role: every message of a split iteration asks (a scan of the
-        # sequential server's K devices per message made K = 10,000 quadratic)
+        # device -> its server role, which its spec names (a scan of the sequential server's K
+        # devices per device made K = 10,000 quadratic)
         self._server_role_of = {k: r for r, ks in self.server_roles.items() for k in ks}
 
     # ---- configuration ---------------------------------------------------------------------
