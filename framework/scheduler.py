@@ -54,11 +54,11 @@ class SchedulerContext:
     plan: dict | None = None
     _batches: dict = field(default_factory=dict, repr=False)
 
-    @property
+    @cached_property  # read once: a config lookup costs 20 us, and every role of a K-device run asks
     def numerics(self) -> bool:
         return bool(self.cfg.runtime.numerics)
 
-    @property
+    @cached_property
     def dtype(self) -> torch.dtype:
         return torch.float64 if self.cfg.runtime.dtype == "float64" else torch.float32
 
