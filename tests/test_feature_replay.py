@@ -154,8 +154,8 @@ def test_stale_replay_trains_and_the_uplink_is_compressed_with_error_feedback(tm
 
 
 def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
-    from framework.stage import Stage
     from omegaconf import OmegaConf
+    from plugins.schedulers.feature_replay.replay_stage import ReplayStage
 
     net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
 
@@ -169,7 +169,7 @@ def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
         def __len__(self):
             return 2
 
-    st = Stage(M(), 0, 1, OmegaConf.create({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}))
+    st = ReplayStage(M(), 0, 1, OmegaConf.create({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}))
     x = torch.randn(4, 8)
     torch.manual_seed(1)
     sent = st.forward_to_replay(x, 0)

@@ -1,6 +1,6 @@
 """Feature replay's two roles (plugins.schedulers.feature_replay.scheduler explains the schedule).
 
-`EdgeRole` owns units [0, cut), the raw data, the history queue (inside its Stage) and the
+`EdgeRole` owns units [0, cut), the raw data, the history queue (its ReplayStage) and the
 online decision engine; `CloudRole` owns units [cut, L). Everything between them is a message
 on the edge->cloud / cloud->edge links:
 
@@ -40,7 +40,7 @@ from framework import wire
 from framework.cluster import Work
 from framework.models import clone_module
 from framework.scheduler import Role
-from framework.stage import Stage
+from plugins.schedulers.feature_replay.replay_stage import ReplayStage
 from plugins.schedulers.feature_replay import cost
 
 
@@ -82,10 +82,10 @@ class _Side(Role):
     def _bounds(self) -> tuple[int, int]:
         return (0, self.cut) if self.upstream else (self.cut, self.sched.L)
 
-    def _new_stage(self) -> Stage | None:
+    def _new_stage(self) -> ReplayStage | None:
         a, b = self._bounds()
         ctx = self.sched.ctx
-        return Stage(self.model, a, b, ctx.optimizer, numerics=ctx.numerics) if b > a else None
+        return ReplayStage(self.model, a, b, ctx.optimizer, numerics=ctx.numerics) if b > a else None
 
     def move_cut(self, new_cut: int) -> None:
         """Rebuild the stage for `new_cut`, keeping the optimizer state of the blocks that stay."""
