@@ -153,11 +153,9 @@ def test_stale_replay_trains_and_the_uplink_is_compressed_with_error_feedback(tm
     assert max(edge_staleness(job)) <= 3
 
 
-def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
+def _replay_stage(net):
     from omegaconf import OmegaConf
     from plugins.schedulers.feature_replay.replay_stage import ReplayStage
-
-    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
 
     class M:  # the slice of a UnitModel that Stage reads
         units = [net]
@@ -169,7 +167,12 @@ def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
         def __len__(self):
             return 2
 
-    st = ReplayStage(M(), 0, 1, OmegaConf.create({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}))
+    return ReplayStage(M(), 0, 1, OmegaConf.create({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}))
+
+
+def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    st = _replay_stage(net)
     x = torch.randn(4, 8)
     torch.manual_seed(1)
     sent = st.forward_to_replay(x, 0)
@@ -177,6 +180,31 @@ def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
     st.replay(0)
     _, out, _, _ = st._saved[0]
     assert torch.equal(out.detach(), sent)
+
+
+def test_the_history_queue_blocks_checkpoints_and_dates_replays_at_their_forward():
+    """The core stage's hooks as the replay uses them: a kept input is held (no checkpoint until
+    it is replayed or dropped), and a replay's staleness counts from the forward that was sent."""
+    from framework import checkpoint as ck
+
+    st = _replay_stage(torch.nn.Linear(8, 8))
+    x = torch.randn(4, 8)
+    st.forward_to_replay(x, 0)
+    st.forward_to_replay(x, 1)
+    assert st.held_keys() == [0, 1] and st.history == 2 and st.peak_history == 2
+    with pytest.raises(ck.CheckpointError, match=r"\['0', '1'\]"):
+        st.checkpoint(ck.Bag(), "s")
+    st.replay(0)
+    st.backward(0, torch.ones(4, 8))
+    st.step()
+    st.replay(1)  # through the weights after one update, sent before it
+    st.backward(1, torch.ones(4, 8))
+    st.step()
+    assert st.staleness == [0, 1] and st.held_keys() == []
+    st.forward_to_replay(x, 2)
+    st.forget(2)  # a discarded gradient: nothing trains, nothing is held
+    assert st.held_keys() == [] and st.version == 2
+    st.checkpoint(ck.Bag(), "s")
 
 
 @pytest.mark.parametrize("over, key", [
