@@ -108,11 +108,13 @@ class AdaLearner(Scheduler):
         return [(f"wn{i}", w.device, int(w.samples)) for i, w in enumerate(self.typed_plan().workers)]
 
     def param_shapes(self) -> dict[str, tuple]:
+        """The whole model's parameter shapes (adalearner.gradients), read once."""
         if self._shapes is None:
             self._shapes = param_shapes(self.ctx.model)
         return self._shapes
 
     def meta_grads(self) -> dict[str, torch.Tensor]:
+        """A whole gradient as meta tensors: what the planner prices messages with."""
         return meta_grads(self.param_shapes(), self.dtype)
 
     def price_codec(self, kind: str) -> float:
