@@ -102,7 +102,7 @@ def _parse_problem(arg: str, key: str, message: str, argv=()) -> str:
     if "->" in arg:
         return f"{arg}: a link key 'src->dst' cannot be written on the command line (Hydra's override grammar has no '>'); set cluster.links in a cluster preset (conf/cluster/*.yaml), or change every link with cluster.link.<key>=..."
     choices = _group_choices(key.lstrip("+~"), argv)
-    takes = f"; choices: {listing(choices, CHOICES_MOST)}" if choices else ""
+    takes = f"; choices: {listing(choices)}" if choices else ""  # the default few: the grammar's help comes first
     return f"{arg}: Hydra cannot read this override ({reason}); write key=value or key=[a,b], quoting a value with spaces or , [ ] {{ }} = as key='...'{takes}"
 
 
