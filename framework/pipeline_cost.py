@@ -22,7 +22,7 @@ from framework import pipeline_time as pt
 from framework.cluster import Work
 from framework.errors import ConfigError
 from framework.partition import check_stage_count, partition
-from framework.pipeline_schedule import Schedule
+from framework.pipeline_schedule import Action, Schedule
 
 SEARCH_LIMIT = 5000  # partitions `search` plays out at most (C(19, 3) = 969 for 20 units on 4 stages)
 
@@ -48,6 +48,13 @@ class PipelinePlanner:
         self.microbatches = microbatches
         self.flush_per = flush_per
         self.schedule = schedule
+        self._programs: dict[tuple[int, int], list[Action]] = {}  # parsed once: `search` plays each out per partition
+
+    def program(self, stage: int, n: int) -> list[Action]:
+        """Stage `stage`'s actions in a flush of `n` items."""
+        if (stage, n) not in self._programs:
+            self._programs[stage, n] = self.schedule.program(stage, n)
+        return self._programs[stage, n]
 
     def plan_bounds(self, devices: list[str]) -> list[tuple[int, int]]:
         """The partitioner's cuts over `devices`, with the predictor as it stands (also when a
@@ -103,9 +110,9 @@ class PipelinePlanner:
                 for it, size in enumerate(sizes):
                     m = min(self.microbatches, size)
                     mb = [size // m + (k < size % m) for k in range(m)]  # torch.tensor_split's sizes
-                    prog += [priced(s, a.op, (it, a.mb), 0 if a.op == "STEP" else mb[a.mb]) for a in self.schedule.program(s, m)]
+                    prog += [priced(s, a.op, (it, a.mb), 0 if a.op == "STEP" else mb[a.mb]) for a in self.program(s, m)]
             else:
-                prog = [priced(s, a.op, a.mb, 0 if a.op == "STEP" else sizes[a.mb]) for a in self.schedule.program(s, len(sizes))]
+                prog = [priced(s, a.op, a.mb, 0 if a.op == "STEP" else sizes[a.mb]) for a in self.program(s, len(sizes))]
             programs.append(prog)
         lat = [(cl.link(devices[s], devices[s + 1]), cl.link(devices[s + 1], devices[s])) for s in range(S - 1)]
         return pt.makespan(programs, [d.cfg.latency_s if d else 0.0 for d, _ in lat], [u.cfg.latency_s if u else 0.0 for _, u in lat], bool(cl.cfg.shared_medium))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+
 from framework import faults
 from framework.mlflow_store import client_and_experiment
 from framework.multirun import job_num
