@@ -196,7 +196,7 @@ def test_no_import_cycles_in_framework_or_plugins():
 # needs it (torch, MLflow, matplotlib: `--help` and a bad override import none) or the dependency is
 # optional. Each says which, on its line (`# torch: start-up`); a run of imports on consecutive
 # lines says it once, on the first. plugins/schedulers/ is the lead's, being reorganised (issue 45).
-LOCAL_IMPORTS_PENDING = ("plugins/schedulers/",)
+LOCAL_IMPORTS_PENDING: tuple[str, ...] = ()
 
 
 def local_imports_without_reason(path: Path) -> list[int]:

@@ -30,6 +30,7 @@ import torch
 
 from framework.errors import ConfigError
 from framework.specs import Data
+from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
 SNAP_SLOTS = "snap_slots"
 
@@ -123,7 +124,6 @@ def lossless_acc(layers, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def curve(partition, states: dict[str, dict], like, eval_plan: EvalGrid, slot_s: float, x, y, sn_prr: np.ndarray, seed: int) -> dict:
     """Every snapshot's lossy test (its own seed: [seed, k]) and lossless accuracy."""
-    from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
     n = min(len(st[SNAP_SLOTS]) for st in states.values())
     at = list(eval_plan.at_slots[:n])

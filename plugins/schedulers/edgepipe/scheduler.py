@@ -39,6 +39,7 @@ from plugins.schedulers.edgepipe import partition as part
 from plugins.schedulers.edgepipe import plan as plan_mod
 from plugins.schedulers.edgepipe.dense import glorot_init, linear_of, mlp_sizes, op_works
 from plugins.schedulers.edgepipe.roles import Recovery, SuperNeuronRole, SuperNeuronSpec
+from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
 MAPPINGS = ("ga", "random", "upper", "identity")
 BWD_MODES = ("masked", "phantom")
@@ -255,7 +256,6 @@ class SuperNeuron(Scheduler):
         passes = int(self.cfg.lossy_test_passes)
         if not passes or self.final_states is None:  # (a role holding only the input layer has no state)
             return None
-        from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
         try:
             x, y = self.ctx.dataset.split("test")

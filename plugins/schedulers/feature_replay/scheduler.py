@@ -45,6 +45,7 @@ predictions and cuts).
 from __future__ import annotations
 
 import collections
+import copy
 
 from framework import repartition as rp
 from framework.errors import ConfigError, listing
@@ -213,8 +214,6 @@ class FeatureReplay(Scheduler):
 
     def eval_model(self, states: dict[str, dict]):
         if self.eval_copy is None:
-            import copy
-
             self.eval_copy = copy.deepcopy(self.ctx.model)
         for state in states.values():
             rp.unpack_units(self.eval_copy, state, True)

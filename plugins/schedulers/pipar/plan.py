@@ -38,6 +38,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from framework.cluster import Work
+
 ESTIMATORS = ("table1", "code_legacy")
 
 
@@ -158,8 +160,6 @@ class SideProfile:
 
 
 def profile_side(predictor, device, num_units: int, batch: int) -> SideProfile:
-    from framework.cluster import Work
-
     fwd = [predictor.predict(device, Work("fwd", q, q + 1, batch)) for q in range(num_units)]
     bwd = [predictor.predict(device, Work("bwd", q, q + 1, batch)) for q in range(num_units)]
     step = [predictor.predict(device, Work("step", q, q + 1)) for q in range(num_units)]

@@ -31,6 +31,9 @@ from framework.cluster import Work
 from plugins.schedulers.pipar import plan as plan_mod
 from plugins.schedulers.pipar.iteration import SERVER
 from plugins.schedulers.pipar.specs import DevicePlan, PlannerKnobs
+from plugins.schedulers.pipar.refine import refine, trial_cost
+from plugins.schedulers.pipar.search import exhaustive, trial_iteration
+from plugins.schedulers.pipar.model_vectors import UnitLayout
 
 SELECT = ("auto", "paper", "exhaustive", "refine")
 
@@ -200,15 +203,10 @@ class Planner:
             return plan(P, N, [plan_mod.candidate(model, P, N, self.B, n, est).as_dict()])
         p_range = [P] if P is not None else list(self.p_range())
         if method == "exhaustive":
-            from plugins.schedulers.pipar.search import exhaustive
-
             best, trials = exhaustive(self, k, p_range, [N] if N is not None else None)
             self.trial_cost += sum(t["iter_s"] for t in trials)
             return plan(best["P"], best["N"], trials)
         if method == "refine":
-            from plugins.schedulers.pipar.refine import refine, trial_cost
-            from plugins.schedulers.pipar.search import trial_iteration
-
             best, trials = refine(self.pair_model(k, now), self.B, n, p_range, lambda P_, N_: trial_iteration(self, k, P_, N_), fixed_n=N, clamp=self.knobs.n_clamp, estimator=est)
             self.trial_cost += trial_cost(trials)
             return plan(best["P"], best["N"], trials)
@@ -233,8 +231,6 @@ class Planner:
 
     def _layout(self):
         if self._lay is None:
-            from plugins.schedulers.pipar.model_vectors import UnitLayout
-
             self._lay = UnitLayout(self.ctx.model)
         return self._lay
 
