@@ -114,8 +114,9 @@ class PlannerKnobs(Data):
 
 @dataclass(frozen=True)
 class Shard(Data):
-    """A device's training samples: the block [start, stop) of the training split, or (when they
-    are not one block, e.g. Dirichlet shards) their indices."""
+    """A device's training samples: the block [start, stop) of the training split (contiguous
+    sharding: two numbers on the wire, not |D_k|), or, when they are not one block (Dirichlet
+    shards), their indices (start and stop are then 0 and their count)."""
 
     start: int
     stop: int
