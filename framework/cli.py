@@ -19,7 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from framework import input_errors, registry, tracking_process
+from framework import input_errors, knob_help, registry, tracking_process
 from framework.config import CONF_DIR, extra_config_dirs, search_dirs, task_overrides, yaml_presets
 from framework.errors import CHOICES_MOST, PipelabError, listing, one_line
 
@@ -196,6 +196,9 @@ def _main() -> None:
         sys.exit(2)
     # --help lists the user-facing groups (not the schema/* groups the YAML files extend)
     OmegaConf.register_new_resolver("pipelab_groups", lambda: "\n".join(f"{g}: {', '.join(group_choices(g, sys.argv[1:]))}" for g in registry.GROUPS + ("experiment",)), replace=True)
+    # ... and the config with every knob's meaning and range (framework.knob_help); `$` doubled:
+    # Hydra fills the template's $CONFIG-style placeholders after this
+    OmegaConf.register_new_resolver("pipelab_knobs", lambda _root_: knob_help.annotated_config(_root_, "--resolve" in sys.argv[1:]).replace("$", "$$"), replace=True)
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
         _skip_hydra_group_listing()
     _skip_hydra_mode_compose(sys.argv[1:])

@@ -25,8 +25,6 @@ from typing import Any, Callable, Iterable, Optional
 
 from framework.errors import ConfigError, listing
 
-DIRECTIONS = ("max", "min")
-
 # The metrics a run can record: what tracking.optimized_metric and tracking.metric_floor.metric
 # may name. `<...>` in a name stands for any text (a role, a link, a layer, a counter). The core
 # records these (framework.job, the pipeline schedules, the compressor); a plugin that records
@@ -110,9 +108,10 @@ def describe_floor(tcfg) -> str:
 
 def check(tcfg) -> None:
     """Config errors in the objective's keys, before anything runs."""
-    direction = tcfg.get("optimized_direction", "max")
-    if direction not in DIRECTIONS:
-        raise ConfigError("tracking.optimized_direction", f"{direction!r} is not a direction; choices: {', '.join(DIRECTIONS)}")
+    from framework import knobs
+    from framework.config import TrackingConfig
+
+    knobs.check({"optimized_direction": tcfg.get("optimized_direction", "max")}, TrackingConfig, "tracking")  # a sweep's parent checks it too
     if not str(tcfg.get("optimized_metric") or "").strip():
         raise ConfigError("tracking.optimized_metric", "names no metric; give one a run records, e.g. val/acc or time/epoch_virtual_s")
     check_metric("tracking.optimized_metric", str(tcfg.get("optimized_metric")))

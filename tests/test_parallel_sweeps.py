@@ -394,7 +394,7 @@ def test_the_preset_study_goes_the_way_of_tracking_and_a_contrary_one_is_an_erro
     with pytest.raises(SystemExit) as e:  # a malformed objective stops the sweep in one line too
         MultirunParent().on_multirun_start(hydra_cfg(["tracking.optimized_direction=up"]))
     assert e.value.code == 2
-    assert capsys.readouterr().err.strip() == "error: tracking.optimized_direction: 'up' is not a direction; choices: max, min"
+    assert capsys.readouterr().err.strip() == "error: tracking.optimized_direction: 'up' is not a choice; choices: max, min"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,10 +23,13 @@ from typing import Sequence
 
 import numpy as np
 
+from framework.knobs import choices
+from plugins.schedulers.edgepipe.schema import SuperNeuronConfig
+
 log = logging.getLogger(__name__)
 
-CLASSES = ("vertical", "hybrid", "horizontal")
-ROUNDINGS = ("hamilton", "half_up", "half_even")
+CLASSES = choices(SuperNeuronConfig, "partition_class")
+ROUNDINGS = choices(SuperNeuronConfig, "rounding")
 
 
 @dataclass(frozen=True)

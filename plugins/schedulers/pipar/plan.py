@@ -38,7 +38,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-ESTIMATORS = ("table1", "code_legacy")
+from framework.knobs import choices
+from plugins.schedulers.pipar.schema import CollabConfig
+
+ESTIMATORS = choices(CollabConfig, "estimator")  # the DAGs table1_dag builds
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,6 @@ from framework.cluster import Work
 from plugins.schedulers.pipar import plan as plan_mod
 from plugins.schedulers.pipar.iteration import SERVER
 
-SELECT = ("auto", "paper", "exhaustive", "refine")
-
 
 @dataclass
 class DevicePlan:
