@@ -34,7 +34,7 @@ import json, sys
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from framework import registry
-from framework.config import CONF_DIR
+from framework.config_dirs import CONF_DIR
 
 registry.load_plugins()
 out = {}

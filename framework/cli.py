@@ -20,7 +20,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from framework import input_errors, knob_help, registry, tracking_process
-from framework.config import CONF_DIR, extra_config_dirs, search_dirs, task_overrides, yaml_presets
+from framework.config import task_overrides
+from framework.config_dirs import CONF_DIR, extra_config_dirs, search_dirs, yaml_presets
 from framework.errors import CHOICES_MOST, PipelabError, listing, one_line
 
 

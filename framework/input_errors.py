@@ -348,7 +348,7 @@ def _check_args(argv: list[str], compose_fn=None) -> str | None:
 
     from framework import registry
     from framework.cli import CONF_DIR, check_group_overrides
-    from framework.config import extra_config_dirs
+    from framework.config_dirs import extra_config_dirs
     from framework.errors import PipelabError
 
     registry.load_plugins()

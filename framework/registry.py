@@ -151,7 +151,7 @@ def _store_schema(group: str, name: str, schema: type) -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    from framework.config import yaml_presets
+    from framework.config_dirs import yaml_presets
 
     cs = ConfigStore.instance()
     cs.store(group=f"schema/{group}", name=name, node=schema)

@@ -12,7 +12,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from framework import knobs, registry
-from framework.config import BASE_SCHEMAS, CONF_DIR, ClusterConfig, Config, DeviceConfig, TrainConfig
+from framework.config import BASE_SCHEMAS, ClusterConfig, Config, DeviceConfig, TrainConfig
+from framework.config_dirs import CONF_DIR
 from framework.errors import ConfigError
 from framework.knobs import Knob, Range, knob
 

@@ -377,7 +377,7 @@ def test_the_preset_study_goes_the_way_of_tracking_and_a_contrary_one_is_an_erro
     against it stops the sweep before its parent run is made (on_multirun_start)."""
     from hydra import compose, initialize_config_dir
 
-    from framework.config import CONF_DIR
+    from framework.config_dirs import CONF_DIR
     from framework.multirun import MultirunParent
 
     def hydra_cfg(overrides):
