@@ -31,10 +31,12 @@ from experiments.preset_identity import unpack  # noqa: E402
 # run in each tree (cwd and PYTHONPATH = the tree): reads the cases as JSON on stdin
 COMPOSE = """
 import json, sys
+from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from framework import registry
-from framework.config_dirs import CONF_DIR
+
+CONF_DIR = str(Path.cwd() / "conf")  # the tree's own (run with the tree as cwd)
 
 registry.load_plugins()
 out = {}
