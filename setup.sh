@@ -39,7 +39,7 @@ else
 fi
 
 echo "== python packages (pip, torch pinned by constraints.txt)"
-python3 -m pip install -q -c constraints.txt -e ".[test]"
+python3 -m pip install -q -c constraints.txt -e ".[test,docs]"  # docs: mkdocs for the site (.ci/run builds it)
 echo "== compiling the codec kernels (numba; once per machine, cached beside the source)"
 python3 -m plugins.compressors.kernels
 python3 -c "import torch, hydra, mlflow, optuna, hydra_plugins.hydra_joblib_launcher, hydra_plugins.hydra_optuna_sweeper; print(f'torch {torch.__version__}, hydra {hydra.__version__} (joblib launcher, optuna sweeper), mlflow {mlflow.__version__}, optuna {optuna.__version__}: ready')"

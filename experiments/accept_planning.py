@@ -22,15 +22,14 @@ NO_LINK_BOUND = "cluster.link.bandwidth_bps=inf"  # Table 4.2.2's bandwidth is n
 
 
 def true_cost_epoch_s(sched) -> float:
-    """The scheduler's plan as framework.pipeline_cost prices it with the devices' own times."""
-    from framework import pipeline_cost
+    """The scheduler's plan as its planner (framework.pipeline_cost) prices it with the devices' own times."""
     from plugins.predictors.basic import OraclePredictor
 
     ctx = sched.ctx
     held = ctx.predictor
     ctx.predictor = OraclePredictor(None)
     try:
-        return pipeline_cost.predicted_epoch_s(sched, sched.devices, sched.bounds)
+        return sched.planner.predicted_epoch_s(sched.devices, sched.bounds)
     finally:
         ctx.predictor = held
 

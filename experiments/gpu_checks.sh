@@ -2,8 +2,8 @@
 # What a session lent a GPU runs first, as one command (a few minutes on an H100 or H200):
 # the tests that need CUDA, with the tests of the code they exercise (replica batching, the
 # replica bank, convolutions as matrix products, GPU model copies, checkpoints, every scheduler
-# and compressor on the GPU), then the numerics-on-a-GPU benchmarks of the README's
-# *Benchmarks* (item 5 of the scale issue): two epochs of FL and PiPar with 64 VGG-5 replicas
+# and compressor on the GPU), then the numerics-on-a-GPU benchmarks of docs/benchmarks.md's
+# *Many replicas on a GPU* (item 5 of the scale issue): two epochs of FL and PiPar with 64 VGG-5 replicas
 # (and the second alone), one at a time against batched on the same GPU, one batched step
 # alone, and what the bank, the block copies and background checkpoint writes are each worth
 # (bench_gpu_ablation.py). Run it alone on the machine; THREADS sets torch's CPU threads

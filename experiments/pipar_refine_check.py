@@ -50,7 +50,7 @@ def run_case(device_model: str, model: str, ds: str, net: str, out: Path, refine
     auto = sched.plans[k]  # select=auto, the default
     profiling = max(plan.profile_cost(j) for j in range(len(sched.plans)))  # what auto pays, refine too
     t1 = time.perf_counter()
-    best, mine = refine(plan.pair_model(k), plan.B, len(plan.shards[k]), plan.p_range(), lambda P, N: trial_iteration(plan, k, P, N), clamp=plan.cfg.n_clamp, estimator=plan.cfg.estimator, **refine_kw)
+    best, mine = refine(plan.pair_model(k), plan.B, plan.shard_sizes[k], plan.p_range(), lambda P, N: trial_iteration(plan, k, P, N), clamp=plan.knobs.n_clamp, estimator=plan.knobs.estimator, **refine_kw)
     wall_refine = time.perf_counter() - t1
     mismatch = max((abs(t["iter_s"] - by[(t["P"], t["N"])]["iter_s"]) for t in mine if (t["P"], t["N"]) in by), default=0.0)
     cost = profiling + trial_cost(mine)

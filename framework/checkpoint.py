@@ -23,6 +23,7 @@ framework/checkpoint_file.py; a GPU run's files are written in the background
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -32,9 +33,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf, open_dict
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from framework import checkpoint_file
 from framework.checkpoint_file import CheckpointError, duplicates
+from framework.errors import ConfigError
 
 save_file = checkpoint_file.save_file  # the tensor file's writer, as this module's since before it moved
 
@@ -218,9 +223,6 @@ def exists(run_dir) -> bool:
 
 
 def load(run_dir) -> Bag:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     d = Path(run_dir) / DIR
     if not (d / "meta.json").is_file():
         if (Path(run_dir) / (DIR + ".old") / "meta.json").is_file():  # the crash came between two renames
@@ -256,10 +258,6 @@ def _resume_key(key: str) -> str | None:
 
 def config_fingerprint(cfg) -> str:
     """A digest of the resolved config without RESUME_KEYS: a checkpoint only continues the run it came from."""
-    import hashlib
-
-    from omegaconf import OmegaConf
-
     plain = OmegaConf.to_container(cfg, resolve=True)
     for key in RESUME_KEYS:
         *parents, name = key.split(".")
@@ -273,10 +271,6 @@ def config_fingerprint(cfg) -> str:
 def resumed_config(cfg, overrides: list[str]):
     """The config that `train.resume=<run dir>` continues with: the stopped run's own (its
     config.yaml), with the RESUME_KEYS this command sets. Any other override is refused, naming it."""
-    from omegaconf import OmegaConf, open_dict
-
-    from framework.errors import ConfigError
-
     run_dir = Path(str(cfg.train.resume)).expanduser()
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError("train.resume", f"{run_dir} is not a run directory (it has no config.yaml); give the folder a run printed at its end")

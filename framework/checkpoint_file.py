@@ -7,6 +7,7 @@ bit-for-bit equal to an earlier one under the same name found so that they are s
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import torch
@@ -42,8 +43,6 @@ class PreparedFile:
         self.head, self.parts, self.detached = head, parts, detached
 
     def write(self, path) -> None:
-        import struct
-
         with open(path, "wb") as f:
             f.write(struct.pack("<Q", len(self.head)))
             f.write(self.head)

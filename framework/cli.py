@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import difflib
 import gc
 import os
 import re
@@ -16,32 +15,32 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra._internal.hydra import Hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from framework import input_errors, knob_help, registry, tracking_process
+from framework import faults, input_errors, knob_help, objective, registry, tracking_process
 from framework.config import task_overrides
-from framework.config_dirs import CONF_DIR, extra_config_dirs, search_dirs, yaml_presets
-from framework.errors import CHOICES_MOST, PipelabError, listing, one_line
+from framework.config_dirs import CONF_DIR
+from framework.errors import PipelabError, one_line
+from framework.group_options import check_group_overrides, group_choices
+from framework.multirun import parent_run_id, sweep_keys
+from framework.validate import validate
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def app(cfg: DictConfig) -> float | None:
-    from framework.multirun import parent_run_id, sweep_keys
-
     hc = HydraConfig.get()
     out_dir = hc.runtime.output_dir
     try:
         if cfg.train.resume:  # the stopped run's own config and folder
-            from framework.checkpoint import resumed_config
+            from framework.checkpoint import resumed_config  # torch: start-up
 
             cfg = resumed_config(cfg, task_overrides())
             out_dir = cfg.train.resume
         else:
-            from framework.validate import validate
-
             validate(cfg)  # config errors before torch is imported (the Job validates again: the API's way in)
-        from framework.job import Job
+        from framework.job import Job  # torch: start-up (config errors come before torch)
 
         job = Job(cfg, out_dir, overrides=task_overrides(), parent_run_id=parent_run_id(), sweep_keys=sweep_keys())
         _collect_from_here()
@@ -52,7 +51,7 @@ def app(cfg: DictConfig) -> float | None:
         print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(e.exit_status)
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (framework.faults)
-        from framework import checkpoint, faults
+        from framework import checkpoint  # torch: start-up (Ctrl-C may come before torch)
 
         hint = f"; continue it with train.resume={out_dir}" if checkpoint.exists(out_dir) else ""
         tracked = "the MLflow run is marked FAILED; " if cfg.tracking.name == "mlflow" else ""
@@ -69,8 +68,6 @@ def app(cfg: DictConfig) -> float | None:
     for k in ("val/acc", "test/acc"):
         if k in m:
             parts.append(f"{k} {m[k]:.4f}")
-    from framework import objective
-
     metrics = objective.run_metrics(summary)
     try:
         objective.require_floor_metric(metrics, cfg.tracking)
@@ -85,47 +82,11 @@ def app(cfg: DictConfig) -> float | None:
     return objective.score(metrics, cfg.tracking)
 
 
-def group_choices(group: str, argv=()) -> list[str]:
-    """What `group=option` may name: the YAML presets in <dir>/<group>/ of every config folder
-    Hydra searches for the command line `argv` (conf/, --config-dir, hydra.searchpath), and the
-    plugins that registered a schema but ship no YAML (installed from outside this repo)."""
-    choices = set(yaml_presets(group, search_dirs(argv)))
-    if group in registry.GROUPS:
-        choices.update(registry.schema_options(group))
-    return sorted(choices)
-
-
-def check_group_overrides(args: list[str]) -> str | None:
-    """A one-line error for `group=option` overrides naming an option that does not exist.
-
-    Hydra would say the same over a dozen lines with its search path; this names the choices."""
-    for source, d in extra_config_dirs(args, sources=True):
-        if not d.is_dir():
-            return f"{source}: {d} is not a folder; a config folder holds <group>/<option>.yaml files, e.g. cluster/mine.yaml (then cluster=mine)"
-    for arg in args:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, value = arg.split("=", 1)
-        group = key.lstrip("+~")
-        if not group or "." in group or group == "hydra" or not ((Path(CONF_DIR) / group).is_dir() or group in registry.GROUPS):
-            continue
-        choices = group_choices(group, args)
-        for option in value.split(","):  # multirun sweeps: a,b,c
-            option = option.strip()
-            if option and option != "null" and option not in choices:
-                close = difflib.get_close_matches(option.lower().removesuffix(".yaml"), choices, n=1)
-                hint = f" (did you mean {group}={close[0]}?)" if close else ""
-                return f"{group}={option}: no such {group}{hint}; choices: {listing(choices, CHOICES_MOST)}"
-    return None
-
-
 def _skip_hydra_group_listing() -> None:
     """Hydra's --help formats every config group's options ($APP_CONFIG_GROUPS,
     $HYDRA_CONFIG_GROUPS) whether the template uses them or not, deep-copying the whole config
     store once per group: 5-14 s on 2 cores. Our template lists the groups itself
     (`${pipelab_groups:}`), so that listing is skipped (`--hydra-help` keeps Hydra's)."""
-    from hydra._internal.hydra import Hydra
-
     Hydra.format_config_groups = lambda self, predicate, compact=True: ""
 
 
@@ -157,8 +118,6 @@ def _skip_hydra_mode_compose(args: list[str]) -> None:
         return
     if any(MODE_KEY.search(f.read_text()) for f in Path(CONF_DIR).rglob("*.yaml")):
         return
-    from hydra._internal.hydra import Hydra
-
     Hydra.get_mode = lambda self, config_name, overrides: None
 
 
@@ -203,8 +162,6 @@ def _main() -> None:
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
         _skip_hydra_group_listing()
     _skip_hydra_mode_compose(sys.argv[1:])
-    from framework import faults
-
     faults.handle_sigterm()
     try:
         input_errors.run_app(app, sys.argv[1:])  # Hydra's errors composing the config: one line

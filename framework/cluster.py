@@ -40,6 +40,7 @@ link runs a bounded stop-and-wait ARQ (a radio MAC's ACKs and retransmissions; `
 from __future__ import annotations
 
 import bisect
+import copy
 import fnmatch
 import hashlib
 import itertools
@@ -54,11 +55,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from framework import profile_tables
-from framework import knobs
+from framework import knobs, profile_tables
 from framework.config import DeviceConfig, LinkConfig
 from framework.errors import ConfigError, listing
+from framework.lean_torch import SGD, backward
 
 
 @dataclass(frozen=True)
@@ -304,8 +306,6 @@ def _merge(dc_cls, base, override: dict, where: str):
 
 
 def _plain(node) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
     if isinstance(node, (DictConfig, ListConfig)):
         return OmegaConf.to_container(node, resolve=True)
     return node
@@ -463,10 +463,6 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, 
             return json.loads(path.read_text())
         except (OSError, ValueError):
             pass  # a corrupt cache entry is measured again
-    import copy
-
-    from framework.lean_torch import backward
-
     rng_state = torch.get_rng_state()
     units = [copy.deepcopy(u).to(dtype) for u in model.units]
     for u in units:
@@ -509,8 +505,6 @@ def host_profile(model, batch_size: int, dtype=torch.float32, repeats: int = 5, 
         params = [p for p in u.parameters() if p.grad is not None]
         ts = []
         if params:
-            from framework.lean_torch import SGD
-
             opt = SGD(params, lr=1e-6, momentum=0.9)
             for r in range(repeats + 1):
                 t0 = timer()

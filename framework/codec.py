@@ -24,7 +24,8 @@ from typing import ClassVar
 
 import torch
 
-from framework.errors import WireError
+from framework import registry
+from framework.errors import ConfigError, WireError
 
 _DECODERS: dict[int, type["Codec"]] = {}
 _BY_NAME: dict[str, type["Codec"]] = {}
@@ -50,8 +51,6 @@ class Codec:
 
     def __init__(self, bits: int = 32, **options):
         if self.bits_choices and bits not in self.bits_choices:
-            from framework.errors import ConfigError
-
             raise ConfigError("compressor.bits", f"{self.name} supports {', '.join(map(str, self.bits_choices))} bits, got {bits}")
         self.bits = int(bits)
         self.options = options
@@ -88,8 +87,6 @@ def register_codec(cls: type[Codec]) -> type[Codec]:
 
 def _load_codecs() -> None:
     """Codecs live in plugins, imported on first need (framework.registry.defer_import)."""
-    from framework import registry
-
     registry.import_deferred()
 
 
@@ -108,8 +105,6 @@ def codec_class(name: str) -> type[Codec]:
     try:
         return _BY_NAME[name]
     except KeyError:
-        from framework.errors import ConfigError
-
         raise ConfigError("compressor.codec", f"unknown codec {name!r}; codecs: {', '.join(sorted(_BY_NAME))}") from None
 
 

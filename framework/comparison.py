@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from framework.mlflow_store import mlflow_name
+
 KEY_METRICS = ("val/acc", "test/acc", "time/virtual_s", "time/epoch_virtual_s", "throughput/samples_per_s", "pipe/bubble_frac")
 
 
@@ -66,8 +68,6 @@ def compare(records: Sequence[RunRecord], metric: str = "val/acc", direction: st
 def swept_columns(keys, records: Sequence[RunRecord]) -> list[str]:
     """The param columns of a sweep's keys: `cluster.link.bandwidth_bps` as is, a config group
     (`compressor=none,fp16`) by its `compressor.name`; keys no run has as a param are left out."""
-    from framework.tracking import mlflow_name
-
     params = set().union(*(r.params for r in records)) if records else set()
     out = []
     for k in keys:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from framework import knobs, wire
+from framework.checkpoint import CheckpointError
 from framework.codec import Encoded, codec_class
 from framework.config import CodecTimeConfig, CompressionConfig, CompressorConfig, DirectionConfig  # noqa: F401  (re-exported)
 from framework.errors import ConfigError
@@ -302,8 +303,6 @@ class Compressor:
     def checkpoint(self, bag, prefix: str) -> dict:
         """The streams' state (residuals, scales, generators) and the byte and error counters.
         Taken at an epoch end, when every forward tensor's gradient has come back."""
-        from framework.checkpoint import CheckpointError
-
         if self._kept:
             raise CheckpointError(f"the compressor still waits for the gradients of {len(self._kept)} forward tensors")
         streams = [{"key": list(key), "state": bag.put(f"{prefix}.stream{i}", st)} for i, (key, st) in enumerate(self._streams.items())]

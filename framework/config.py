@@ -10,12 +10,17 @@ live in `framework.validate`.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import MISSING, OmegaConf
 
+from framework.errors import ConfigError
 from framework.knobs import Range, knob, knob_factory
 
 @dataclass
@@ -104,7 +109,7 @@ class PipelineConfig(SchedulerConfig):
     """Knobs every pipeline schedule (framework.pipeline) shares."""
 
     repartition: List[Any] = knob([], "[[epoch, cuts], ...]: move units between stages at that epoch's start")
-    replan_epsilon: Optional[float] = knob(None, "re-plan at an epoch's end when a stage's measured fwd+bwd time is off its prediction by more than this fraction (AccEPT; framework/replan.py); null: never")
+    replan_epsilon: Optional[float] = knob(None, "re-plan at an epoch's end when a stage's measured fwd+bwd time is off its prediction by more than this fraction (AccEPT; plugins/predictors/accept_replan.py); null: never")
 
 
 @dataclass
@@ -242,8 +247,6 @@ def study_direction(direction: str) -> str:
     """Optuna's name for `tracking.optimized_direction`: max -> maximize, min -> minimize."""
     names = {"max": "maximize", "min": "minimize"}
     if direction not in names:
-        from framework.errors import ConfigError
-
         raise ConfigError("tracking.optimized_direction", f"{direction!r} is not a direction; choices: max, min")
     return names[direction]
 
@@ -251,8 +254,6 @@ def study_direction(direction: str) -> str:
 def register_resolvers() -> None:
     """`${mul:2,${cluster.device.slowdown}}`: presets derive one knob from another, so an
     override of the base knob (say the device slowdown) carries through."""
-    from omegaconf import OmegaConf
-
     if not OmegaConf.has_resolver("mul"):
         OmegaConf.register_new_resolver("mul", _mul)
     if not OmegaConf.has_resolver("pipelab_job_dir"):
@@ -268,9 +269,6 @@ SWEEP_KEYS_FILE = "sweep_keys.json"  # in a sweep's folder: the keys it varies (
 
 def read_sweep_keys(sweep_dir) -> set[str]:
     """The keys the sweep in `sweep_dir` varies; empty if it recorded none."""
-    import json
-    from pathlib import Path
-
     try:
         return set(json.loads((Path(str(sweep_dir)) / SWEEP_KEYS_FILE).read_text()))
     except (OSError, ValueError):
@@ -285,17 +283,12 @@ def swept_overrides(overrides, keys: set[str]) -> list[str]:
 def task_overrides() -> list[str]:
     """This Hydra job's command-line overrides, as written: a `${...}` in a value stays text
     (iterating Hydra's list resolves it, and fails on a key that does not exist)."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
     return [str(o) for o in OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)]
 
 
 def job_dir_name(num, sweep_dir) -> str:
     """A sweep job's folder: its number and the values of the keys the sweep varies, e.g.
     `2_cluster.link.bandwidth_bps=1e7` (`hydra.sweep.subdir`), safe as one path component."""
-    import re
-
     try:
         overrides = task_overrides()
     except ValueError:  # not under Hydra: the number alone

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 
 # the config tree (an absolute path: Hydra resolves relative ones against the module, which fails under `-m`)
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -50,9 +54,6 @@ def extra_config_dirs(argv=(), *, sources: bool = False) -> list:
 
 def searchpath_override(argv) -> list[str] | None:
     """The entries of a `hydra.searchpath=[...]` override among `argv` (None: there is none)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     for arg in argv:
         if arg.lstrip("+~").split("=", 1)[0].strip() != "hydra.searchpath" or "=" not in arg:
             continue
@@ -69,8 +70,6 @@ def _search_dir(entry: str) -> Path | None:
     if scheme == "file":
         return Path(rest).expanduser().absolute()
     if scheme == "pkg":
-        import importlib.util
-
         try:
             spec = importlib.util.find_spec(rest.replace("/", "."))
         except (ImportError, ValueError):

@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import xxhash
+
+from framework import registry
 
 SPLITS = ("train", "val", "test")
 
@@ -60,8 +63,6 @@ class Dataset:
         Inputs without values (`without_inputs`) add their dtype and shape alone, marked as such:
         such a digest names the labels and shapes a timing-only run read, and never equals a
         digest of values."""
-        import xxhash
-
         h = xxhash.xxh3_64()
         for t in self.split(split):
             h.update(f"{t.dtype}{list(t.shape)};".encode())
@@ -219,8 +220,6 @@ def build_dataset(cfg, *, inputs: bool = True) -> Dataset:
     """The `cfg.name` dataset plugin's data. `inputs=False` (timing-only runs) gives the data
     `without_inputs`; a plugin registered with `keywords=("inputs",)` is asked for it, and then
     need not make the values at all (the synthetic sets draw the labels alone)."""
-    from framework import registry
-
     if inputs:
         return registry.build("dataset", cfg)
     if "inputs" in registry.declared("dataset", cfg.name).keywords:

@@ -1,5 +1,7 @@
 """The typed errors a user can meet. The CLI turns each into one paragraph and a non-zero exit."""
 
+import re
+
 
 class PipelabError(Exception):
     """Base class of every error pipelab raises on purpose."""
@@ -37,8 +39,6 @@ CHOICES_MOST = 16  # a config group's options named in one error line (more: "..
 def listing(names, most: int = 8) -> str:
     """`names` for a one-line message: joined by ', ', a run of numbered names (dev0, dev1, ...,
     dev99) as `dev0..dev99`, and past `most` items the first ones and `... and N more`."""
-    import re
-
     items: list[str] = []
     run: list[tuple[str, int, str]] = []  # (prefix, number, name) of the current numbered run
 

@@ -18,9 +18,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -169,9 +171,6 @@ def own_dir(path) -> None:
 def remove_stale_dirs(prefix: str) -> list[str]:
     """Remove the temp folders named `prefix*` whose owner process is gone (a run killed with
     SIGKILL cannot clean up after itself). Folders without an owner mark are left alone."""
-    import shutil
-    import tempfile
-
     removed = []
     root = Path(tempfile.gettempdir())
     for d in root.glob(prefix + "*"):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+import numpy as np
+
 GANTT_ROWS = 40  # beyond this many roles and links, a chart summarises
 COLORS = {"fwd": "#4C72B0", "bwd": "#DD8452", "step": "#55A868", "encode": "#CCB974", "decode": "#64B5CD", "send": "#8172B3", "lost": "#C44E52", "dup": "#DA8BC3"}
 OTHER_COLOR = "#937860"  # a kind of work not listed above (a plugin's own)
@@ -51,7 +53,7 @@ def render_gantt(spec: dict, path) -> None:
     pixel grid, so a chart is a few thousand fills. (matplotlib, which drew it before, cost a
     10-device run 1.0-1.2 s of its 4-5 s to import and draw, measured on 2 cores; Pillow
     0.1-0.2 s.) A bar shorter than a pixel is drawn one pixel wide, so short work stays visible."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw, ImageFont  # Pillow: start-up (only a run that draws timeline.png pays for it)
 
     font = ImageFont.load_default(size=12)  # Pillow's own TrueType font: nothing to find on disk
     rows = spec["rows"]
@@ -147,8 +149,6 @@ def busy_profile(intervals, n: int, t_end: float, bins: int = 600):
     the number of intervals. In bin units, the busy time before x is G(x) = sum over intervals of
     ramp(x - start) - ramp(x - end) with ramp(u) = max(0, u); a bin's busy time is
     G(b + 1) - G(b), and sum of ramp(x - p) over p < x is x * count - sum, from histograms."""
-    import numpy as np
-
     width = max(t_end, 1e-12) / bins
     x = np.arange(bins + 1)
 

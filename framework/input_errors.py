@@ -24,12 +24,24 @@ import difflib
 import os
 import re
 import sys
+import tempfile
 import traceback
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 
-from framework.errors import CHOICES_MOST, LINE_MAX, listing, one_line
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, OmegaConfBaseException, ValidationError
+
+from framework import knobs, registry
+from framework.config_dirs import CONF_DIR, extra_config_dirs
+from framework.errors import CHOICES_MOST, LINE_MAX, PipelabError, listing, one_line
+from framework.group_options import check_group_overrides, group_choices
 
 # Hydra's flags that take a value (`--cfg job`): that value is not an override
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
@@ -56,17 +68,11 @@ def _multirun(argv: list[str]) -> bool:
 
 
 def _group_choices(group: str, argv=()) -> list[str] | None:
-    from framework import registry
-    from framework.cli import group_choices
-
     return group_choices(group, argv) if group in registry.GROUPS or group == "experiment" else None
 
 
 def override_problem(argv: list[str]) -> str | None:
     """One line for the first override Hydra cannot read, or that sweeps without -m."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     if any(a in ("-sc", "--shell-completion") for a in argv):
         return None
     parser = OverridesParser.create()
@@ -96,7 +102,7 @@ def _parse_problem(arg: str, key: str, message: str, argv=()) -> str:
     if "->" in arg:
         return f"{arg}: a link key 'src->dst' cannot be written on the command line (Hydra's override grammar has no '>'); set cluster.links in a cluster preset (conf/cluster/*.yaml), or change every link with cluster.link.<key>=..."
     choices = _group_choices(key.lstrip("+~"), argv)
-    takes = f"; choices: {listing(choices, CHOICES_MOST)}" if choices else ""
+    takes = f"; choices: {listing(choices)}" if choices else ""  # the default few: the grammar's help comes first
     return f"{arg}: Hydra cannot read this override ({reason}); write key=value or key=[a,b], quoting a value with spaces or , [ ] {{ }} = as key='...'{takes}"
 
 
@@ -105,9 +111,6 @@ def _parse_problem(arg: str, key: str, message: str, argv=()) -> str:
 
 def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     """One line for an exception Hydra or OmegaConf raised composing the config; None for any other."""
-    from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
-
     bad_yaml = _yaml_problem(exc, argv)
     if bad_yaml:
         return bad_yaml
@@ -143,8 +146,6 @@ def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
 def _yaml_problem(exc: BaseException, argv: list[str]) -> str | None:
     """One line for a YAML file Hydra could not read (a preset in conf/ or in the user's config
     folder): its file, line and column, and which override chose it."""
-    import yaml
-
     seen = set()
     while exc is not None and id(exc) not in seen and not isinstance(exc, yaml.YAMLError):
         seen.add(id(exc))
@@ -192,8 +193,6 @@ def _yaml(value) -> str:
 
 
 def _omegaconf_problem(e, argv: list[str]) -> str:
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
-
     key = str(e.full_key or e.key or "config")
     msg = str(e.msg or e).splitlines()[0]
     if isinstance(e, (ConfigAttributeError, ConfigKeyError)) and ("not in" in msg or "is not in struct" in msg):
@@ -223,8 +222,6 @@ def _words(hint) -> str:
 
 
 def _wrong_type(key: str, e, argv: list[str]) -> str:
-    from framework import knobs
-
     schema, leaf = e.object_type, str(e.key)
     hint = typing.get_type_hints(schema).get(leaf) if dataclasses.is_dataclass(schema) else None
     if hint is None:  # an item of a typed list: OmegaConf's own words
@@ -251,14 +248,10 @@ def _wrong_type(key: str, e, argv: list[str]) -> str:
 
 
 def _unknown_key(key: str, parent, argv: list[str]) -> str:
-    from framework import registry
-
     leaf = key.rsplit(".", 1)[-1]
     where = key.rsplit(".", 1)[0] if "." in key else ""
     if parent is None:
         return f"{key}: no such key"
-    from omegaconf import OmegaConf
-
     schema = OmegaConf.get_type(parent)
     keys = [str(k) for k in parent.keys()]
     if not dataclasses.is_dataclass(schema):  # a map: its entries are what the preset holds
@@ -341,16 +334,6 @@ def check_args(argv: list[str], compose_fn=None) -> str | None:
 
 
 def _check_args(argv: list[str], compose_fn=None) -> str | None:
-    import tempfile
-
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from framework import registry
-    from framework.cli import CONF_DIR, check_group_overrides
-    from framework.config_dirs import extra_config_dirs
-    from framework.errors import PipelabError
-
     registry.load_plugins()
     problem = override_problem(argv) or check_group_overrides(argv)
     if problem:
@@ -375,12 +358,12 @@ def _check_args(argv: list[str], compose_fn=None) -> str | None:
         if line is None:
             raise
         return line
-    from framework.job import Job
+    from framework.job import Job  # torch: start-up (bad input is reported before torch is imported)
 
     with tempfile.TemporaryDirectory(prefix="pipelab-check-") as out_dir:
         try:
             if cfg.train.resume:
-                from framework.checkpoint import resumed_config
+                from framework.checkpoint import resumed_config  # torch: start-up
 
                 cfg = resumed_config(cfg, overrides)
                 out_dir = cfg.train.resume

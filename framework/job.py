@@ -9,28 +9,33 @@ is written to the run directory either way.
 from __future__ import annotations
 
 import functools
+import getpass
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from safetensors.torch import save_file
+from tqdm import tqdm
 
 from framework import checkpoint as ck
-from framework.checkpoint_writer import CheckpointWriter
-from framework.errors import ConfigError
-from framework.nonfinite import NonFiniteError
-from framework.long_lived import long_lived
 from framework import registry, torch_device
+from framework.checkpoint_writer import CheckpointWriter
 from framework.cluster import Cluster
-from framework.data import build_dataset
 from framework.config import swept_overrides
+from framework.data import build_dataset
+from framework.errors import ConfigError
+from framework.long_lived import long_lived
+from framework.mlflow_store import flatten, mlflow_name
 from framework.models import build_model
+from framework.nonfinite import NonFiniteError
 from framework.runtime.base import RuntimeHooks
 from framework.scheduler import SchedulerContext
-from framework.tracking import flatten, mlflow_name
+from framework.tracking import NullTracker
 from framework.transport import FAULTS, Network
 from framework.validate import validate
 
@@ -77,9 +82,6 @@ class _StepLogger:
 
 def run_tags() -> dict[str, str]:
     """Who ran what: MLflow's own tags for the user, the command line and the git commit."""
-    import getpass
-    import subprocess
-
     tags = {"mlflow.source.name": " ".join(sys.argv)[:5000] or "python", "mlflow.source.type": "LOCAL", "pipelab.step_axis": STEP_AXIS}
     try:
         tags["mlflow.user"] = getpass.getuser()
@@ -334,12 +336,8 @@ class Job(RuntimeHooks):
     def train(self, progress_desc: str = "") -> float:
         """Run every role program to the end and test the result; returns the virtual time."""
         if self.tracker is None:
-            from framework.tracking import NullTracker
-
             self.tracker = NullTracker(self.cfg.tracking)
         if self.cfg.runtime.progress and sys.stderr.isatty():  # bar frames only where a person watches
-            from tqdm import tqdm
-
             self._progress = tqdm(total=self.cfg.train.epochs * self.iterations_per_epoch, initial=self.iterations, desc=progress_desc, unit="it", file=sys.stderr, dynamic_ncols=True, leave=False)
         self.virtual_time = self.runtime.run(self.scheduler)
         if self.numerics:
@@ -352,8 +350,6 @@ class Job(RuntimeHooks):
         in the run directory and as an artifact. Timing-only runs have no weights to save."""
         if not self.numerics:
             return
-        from safetensors.torch import save_file
-
         state = {k: v.detach().cpu().clone().contiguous() for k, v in self.final_model().state_dict().items()}
         path = self.out_dir / "model.safetensors"
         save_file(state, str(path), metadata={"model": self.cfg.model.name, "scheduler": self.cfg.scheduler.name, "dtype": self.cfg.runtime.dtype})

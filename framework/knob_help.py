@@ -13,18 +13,15 @@ from __future__ import annotations
 import dataclasses
 
 import yaml
+from omegaconf import OmegaConf
 
-from framework import knobs
+from framework import knobs, registry
+from framework.config import Config
+from framework.validate_knobs import group_schema
 
 
 def annotated_config(root, resolve: bool = False) -> str:
     """The config `root` (an OmegaConf node, its `hydra` node left out) as commented YAML."""
-    from omegaconf import OmegaConf
-
-    from framework import registry
-    from framework.config import Config
-    from framework.validate_knobs import group_schema
-
     plain = OmegaConf.to_container(root, resolve=resolve)
     plain.pop("hydra", None)
     lines: list[str] = []

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterator
 
+from omegaconf import OmegaConf
+
 from framework.errors import ConfigError
 
 METADATA_KEY = "pipelab_knob"
@@ -219,8 +221,6 @@ def check(node, schema: type, where: str) -> None:
     if dataclasses.is_dataclass(node):
         node = dataclasses.asdict(node)
     elif not isinstance(node, (dict, list)):
-        from omegaconf import OmegaConf
-
         node = OmegaConf.to_container(node, resolve=True)
     for key, value, k in leaves(node, schema, where):
         why = k.problem(value) if k is not None else None

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from framework import registry
 
 KINDS = ("conv", "depthwise", "pointwise", "linear", "norm", "act", "pool", "other")
 
@@ -122,8 +125,6 @@ def _copy_in_blocks(module: nn.Module, memo: dict) -> None:
     running statistic does not mark the layer's weight as modified in a graph that saved it.
     Parameters and buffers are in separate blocks, so that a parameter moved elsewhere (a replica
     bank's row, framework/replica_bank.py) leaves no buffer holding its old memory."""
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
     groups: dict = {}
     for m in module.modules():
         for kind, tensors in (("p", m._parameters), ("b", m._buffers)):
@@ -296,7 +297,5 @@ def describe_units(names, units, input_shape) -> list[UnitInfo]:
 
 def build_model(cfg, input_shape, num_classes) -> UnitModel:
     """Build the model that `cfg.name` registers, as a UnitModel."""
-    from framework import registry
-
     units = registry.build("model", cfg, tuple(input_shape), int(num_classes))
     return UnitModel(cfg.name, units, input_shape, num_classes)

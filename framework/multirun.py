@@ -10,13 +10,22 @@ jobs in other processes to find; once the jobs are done it writes the comparison
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobStatus
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from framework import faults, objective
 from framework.config import SWEEP_KEYS_FILE, read_sweep_keys
-from framework.tracking import client_and_experiment
+from framework.errors import PipelabError, one_line
+from framework.mlflow_store import client_and_experiment
+from framework.sweep_summary import summarize_sweep
 
 PARENT_FILE = "mlflow_parent_run_id"
 
@@ -37,10 +46,6 @@ class MultirunParent(Callback):
         self.ended = False
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from omegaconf import OmegaConf
-
-        from framework import faults
-
         tcfg = config.tracking
         check_objective(config)
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -62,21 +67,15 @@ class MultirunParent(Callback):
         self.run_id = run.info.run_id
         (sweep_dir / PARENT_FILE).write_text(self.run_id)
         os.environ["PIPELAB_PARENT_RUN_ID"] = self.run_id
-        import atexit
-
         atexit.register(self._end_if_abandoned)  # a sweep that raises never calls on_multirun_end
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
-        from hydra.core.utils import JobStatus
-
         if getattr(job_return, "status", None) == JobStatus.FAILED:
             self.failed = True
 
     def on_multirun_end(self, config, **kwargs) -> None:
         if self.run_id and self.client is not None:
             try:
-                from framework.sweep_summary import summarize_sweep
-
                 result = summarize_sweep(self.client, self.experiment_id, self.run_id, config.tracking, Path(config.hydra.sweep.dir))
                 # jobs in other processes (joblib, submitit) call on_job_end on their own copy of
                 # this callback: the children's statuses in the store say whether one failed
@@ -93,16 +92,12 @@ class MultirunParent(Callback):
         pool is torn down with the sweep)."""
         if self.run_id and self.client is not None and not self.ended:
             self.ended = True
-            from framework.faults import close_sweep
-
-            close_sweep(self.client, self.experiment_id, self.run_id, status="FAILED")
+            faults.close_sweep(self.client, self.experiment_id, self.run_id, status="FAILED")
 
 
 def sweeper_params(config) -> dict:
     """`hydra.sweeper.params`: a search space given in the config (Optuna's, or the basic
     sweeper's) rather than on the command line, as {key: sweep expression}."""
-    from omegaconf import OmegaConf
-
     params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
     return {str(k): str(v) for k, v in params.items()} if params else {}
 
@@ -111,11 +106,6 @@ def check_objective(config) -> None:
     """Before a sweep starts: what it optimises is well formed (`framework.objective.check`), and
     an Optuna study goes the way the parent run picks its best child (`hydra.sweeper.direction`
     agrees with `tracking.optimized_direction`). Exits with status 2 and one line otherwise."""
-    from omegaconf import OmegaConf
-
-    from framework import objective
-    from framework.errors import PipelabError, one_line
-
     try:
         objective.check(config.tracking)
     except PipelabError as e:
@@ -155,17 +145,12 @@ def sweep_keys() -> set[str]:
     run_id = parent_run_id()
     if run_id is None:
         return set()
-    from hydra.core.hydra_config import HydraConfig
-
     return read_sweep_keys(HydraConfig.get().sweep.dir)
 
 
 def job_num() -> int | None:
     """This job's number in its multirun (`hydra.job.num`), None outside one."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
         hc = HydraConfig.get()
     except ValueError:
         return None
@@ -176,9 +161,6 @@ def parent_run_id() -> str | None:
     """The multirun parent of this job, if any (the env var for in-process launchers, the sweep
     directory's file for launchers that run jobs in other processes)."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
         hc = HydraConfig.get()
     except ValueError:  # not under Hydra (tests, the API)
         return None

@@ -20,9 +20,13 @@ metric (`time/epoch_virtual_s`) its last epoch's value.
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
 from typing import Any, Callable, Iterable, Optional
 
+from framework import knobs, registry
+from framework.config import TrackingConfig
 from framework.errors import ConfigError, listing
 
 # The metrics a run can record: what tracking.optimized_metric and tracking.metric_floor.metric
@@ -54,22 +58,16 @@ declare_metrics(
 
 def metric_names() -> list[str]:
     """Every declared metric name (the plugins' too), core ones first."""
-    from framework import registry
-
     registry.load_plugins()
     return list(_METRICS)
 
 
 def known_metric(name: str) -> bool:
-    import re
-
     return any(re.fullmatch(".+".join(map(re.escape, re.split(r"<[^>]*>", m))), name) for m in metric_names())
 
 
 def check_metric(key: str, name: str) -> None:
     """ConfigError unless `name` is a metric some run records (`declare_metrics`)."""
-    import difflib
-
     if known_metric(name):
         return
     names = metric_names()
@@ -108,9 +106,6 @@ def describe_floor(tcfg) -> str:
 
 def check(tcfg) -> None:
     """Config errors in the objective's keys, before anything runs."""
-    from framework import knobs
-    from framework.config import TrackingConfig
-
     knobs.check({"optimized_direction": tcfg.get("optimized_direction", "max")}, TrackingConfig, "tracking")  # a sweep's parent checks it too
     if not str(tcfg.get("optimized_metric") or "").strip():
         raise ConfigError("tracking.optimized_metric", "names no metric; give one a run records, e.g. val/acc or time/epoch_virtual_s")

@@ -1,7 +1,7 @@
 """The latency-predictor interface the planners use (DESIGN, "Predictors and planners").
 
 A predictor estimates the seconds of a `Work` on a `Device` (`estimate`, the plugin's model);
-planners ask `predict`. A run that re-plans (`scheduler.replan_epsilon`, framework/replan.py)
+planners ask `predict`. A run that re-plans (`scheduler.replan_epsilon`, plugins/predictors/accept_replan.py)
 tells it what a stage measured (`observe`): by default the device's predictions are then scaled
 by measured over predicted, FTPipeHD's computing-capacity update (a worker's reported time over
 the estimate). A predictor with a better answer (AccEPT re-measures the device's hardware vector

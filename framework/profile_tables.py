@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import yaml
+
 from framework import knobs
 from framework.config import DeviceConfig
 from framework.errors import ConfigError
@@ -85,8 +87,6 @@ def _floats(xs, where: str) -> list[float]:
 @lru_cache(maxsize=None)
 def load(name: str) -> ProfileTable:
     """The shipped table `name` (ConfigError naming the choices if there is none)."""
-    import yaml
-
     path = TABLE_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError("table", f"no profile table {name!r}; choices: {', '.join(table_names())}")

@@ -8,8 +8,11 @@ its name in conf/<group>/ (a plugin from outside this repo) is also stored as th
 `<group>/<name>` itself, so `<group>=<name>` selects it with the schema's defaults; a YAML preset
 keeps precedence (Hydra would merge a same-named ConfigStore entry into it, with a warning).
 
-Built-in plugins live in the `plugins` package; third parties add theirs through the
-`pipelab.plugins` entry-point group (each entry point names a module to import).
+The core's own plugins (runtimes, trackers) are declared in framework.core_plugins. Built-in
+plugins live in the `plugins` package and third parties add theirs, both through the
+`pipelab.plugins` entry-point group (each entry point names a module to import; a source tree
+that was not pip-installed reads its own from pyproject.toml): the registry names no plugin
+module itself, so a plugin may import it.
 
 Declared, not imported: a plugin package lists its plugins with `declare(group, name,
 "module:attr", schema=..., doc=...)`, the schema coming from a light module (dataclasses only).
@@ -21,14 +24,20 @@ still works, for plugins that do not mind being imported eagerly.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import sys
 from dataclasses import dataclass, is_dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any, Callable
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from framework import knobs
+from framework.config_dirs import yaml_presets
+from framework.core_plugins import CORE_PLUGINS
 from framework.errors import ConfigError, PipelabError
 
 GROUPS = (
@@ -44,6 +53,7 @@ GROUPS = (
 )
 
 ENTRY_POINT_GROUP = "pipelab.plugins"
+DISTRIBUTION = "pipelab"  # the package whose installed entry points name the built-in plugins
 
 
 @dataclass(frozen=True)
@@ -148,11 +158,6 @@ def _resolve(e: Entry) -> Entry:
 
 
 def _store_schema(group: str, name: str, schema: type) -> None:
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
-    from framework.config_dirs import yaml_presets
-
     cs = ConfigStore.instance()
     cs.store(group=f"schema/{group}", name=name, node=schema)
     if name in yaml_presets(group):
@@ -171,23 +176,36 @@ def schema_options(group: str) -> list[str]:
 
 
 def load_plugins() -> None:
-    """Import the built-in plugins and every installed `pipelab.plugins` entry point, once."""
+    """Declare the core's own plugins, then import every `pipelab.plugins` entry point (the
+    built-in `plugins` package among them), once."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    # the core's own providers: the simulator runtime, the in-process transport, the trackers
-    importlib.import_module("framework.runtime")
-    importlib.import_module("framework.tracking")
-    seen = set()
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        seen.add(ep.value)
+    for group, name, target, schema, doc in CORE_PLUGINS:
+        declare(group, name, target, schema=schema, doc=doc)
+    installed = list(entry_points(group=ENTRY_POINT_GROUP))
+    if not any(ep.dist is not None and ep.dist.name == DISTRIBUTION for ep in installed):  # a source tree not pip-installed
+        installed += _source_tree_entry_points()
+    for ep in installed:
         try:
             ep.load()
         except Exception as e:
             raise PipelabError(f"plugin {ep.name} = {ep.value} ('{ENTRY_POINT_GROUP}' entry point) failed to load: {type(e).__name__}: {e}") from e
-    if "plugins" not in seen:  # running from a source tree that was not pip-installed
-        importlib.import_module("plugins")
+
+
+def _source_tree_entry_points() -> list[EntryPoint]:
+    """The `pipelab.plugins` entry points that this source tree's pyproject.toml declares (the
+    built-in `plugins`): what an install would have made, for a tree that was not pip-installed."""
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    try:
+        import tomllib  # optional: Python 3.11+ (and only a tree that was not installed reads it)
+    except ModuleNotFoundError:
+        raise PipelabError(f"this pipelab was not pip-installed, and Python {sys.version_info.major}.{sys.version_info.minor} cannot read its plugins from {pyproject}: run `pip install -e .` in it") from None
+    declared = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+    return [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in declared.items()]
 
 
 def names(group: str) -> list[str]:
@@ -207,8 +225,6 @@ def declared(group: str, name: str) -> Entry:
     try:
         return _REGISTRY[group][name]
     except KeyError:
-        import difflib
-
         choices = ", ".join(sorted(_REGISTRY[group])) or "(none registered)"
         close = difflib.get_close_matches(str(name).lower(), sorted(_REGISTRY[group]), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""

@@ -30,8 +30,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from framework import registry
 from framework.data import batches, num_batches
+from framework.errors import ConfigError
 from framework.specs import RoleSpec
+from framework.stage import OptimizerSettings
 
 RUNTIMES = ("sim", "local", "remote")
 
@@ -51,11 +54,11 @@ class SchedulerContext:
     plan: dict | None = None
     _batches: dict = field(default_factory=dict, repr=False)
 
-    @property
+    @cached_property  # read once: a config lookup costs 20 us, and every role of a K-device run asks
     def numerics(self) -> bool:
         return bool(self.cfg.runtime.numerics)
 
-    @property
+    @cached_property
     def dtype(self) -> torch.dtype:
         return torch.float64 if self.cfg.runtime.dtype == "float64" else torch.float32
 
@@ -67,15 +70,11 @@ class SchedulerContext:
     def optimizer(self):
         """The run's optimizer settings (framework.stage.OptimizerSettings), read once: every
         role's `Stage` is built from them."""
-        from framework.stage import OptimizerSettings
-
         return OptimizerSettings.of(self.cfg.train)
 
     def new_compressor(self):
         """A fresh compressor of the run's kind: planners price packets with it without touching
         the state (residuals, scales) of the one the roles use."""
-        from framework import registry
-
         return registry.build("compressor", self.cfg.compressor)
 
     def iterations_per_epoch(self) -> int:
@@ -200,8 +199,6 @@ class Scheduler(ABC):
         return {"summary": {"peak_inflight": peak, "staleness": {"mean": mean, "max": max(stale, default=0)}}, "metrics": metrics}
 
     def check_runtime(self, runtime: str) -> None:
-        from framework.errors import ConfigError
-
         if runtime not in self.runtimes:
             raise ConfigError("runtime.name", f"scheduler {self.cfg.name!r} runs on runtime={', '.join(self.runtimes)}; got runtime={runtime}")
 

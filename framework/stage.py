@@ -13,6 +13,12 @@ staleness.
 
 With `numerics=False` no tensor math runs: forward returns a meta tensor of the right shape so
 that byte counts and timing stay exact (timing-only runs).
+
+A schedule that needs more of a stage subclasses it (a plugin's stage lives in its plugin) and
+uses two hooks made for that: `held_keys()`, which a subclass that keeps more per key than the
+activations extends (a checkpoint is refused while any key is held), and `restamp(key, version)`,
+which dates a held forward at an earlier weight version (a forward that recomputes an earlier one
+counts its staleness from the original).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from framework.cluster import Work
+from framework import checkpoint as ck
 from framework import lean_torch, nonfinite, replicas
+from framework.cluster import Work
 from framework.lean_torch import SGD, optimizers_without_dynamo
 
 
@@ -85,8 +92,6 @@ class Stage:
         self.params = dict(self.module.named_parameters())
         self.param_names = list(self.params)
         self.buffers = dict(self.module.named_buffers())
-        self._history: dict = {}  # feature replay: key -> (input, RNG state, weight version)
-        self.peak_history = 0
         self.bank = None  # the ReplicaBank whose rows hold this stage's parameters, if any (framework/replica_bank.py)
         self.bank_row = -1  # and which row
 
@@ -197,49 +202,19 @@ class Stage:
         self.add_grads(grads)
         return None if self.is_first else grads[-1]
 
-    # ---- feature replay (Huo et al. 2018; Yao et al. 2021, Eq. 3) ---------------------------
+    # ---- hooks for subclasses ------------------------------------------------------------
 
-    def forward_to_replay(self, x: torch.Tensor, key):
-        """Forward without keeping a graph (the output is sent on); keep only the input, the
-        weight version and, if the slice draws random numbers (dropout), the RNG state, so that
-        `replay(key)` can redo this forward later through the weights of that time."""
-        if key in self._history or key in self._saved:
-            raise RuntimeError(f"stage [{self.start}:{self.stop}) already holds {key!r}")
-        if not self.numerics:
-            self._history[key] = (x, None, self.version)
-            self.peak_history = max(self.peak_history, len(self._history))
-            return torch.empty((x.shape[0], *self.out_shape), device="meta")
-        rng = torch.get_rng_state() if self.draws_random else None
-        with torch.no_grad():
-            y = self.module(x)
-        self._history[key] = (x, rng, self.version)
-        self.peak_history = max(self.peak_history, len(self._history))
-        return y
+    def held_keys(self) -> list:
+        """The keys whose state this stage holds: activations awaiting their backward. A subclass
+        that keeps more per key adds its keys; a checkpoint is refused while any is held."""
+        return list(self._saved)
 
-    def replay(self, key) -> None:
-        """Run `key`'s stored input through the current weights, keeping the graph for
-        `backward(key, grad)`: the gradient that comes back for an old output then updates the
-        weights as they are now (the staleness is counted from the original forward)."""
-        x, rng, version = self._history.pop(key)
-        if rng is not None:
-            now = torch.get_rng_state()
-            torch.set_rng_state(rng)  # the same dropout masks as the forward that was sent
-        try:
-            self.forward(x, key)
-        finally:
-            if rng is not None:
-                torch.set_rng_state(now)
+    def restamp(self, key, version: int) -> None:
+        """Count `key`'s staleness from weight version `version` rather than from its forward's:
+        for a forward that recomputes an earlier one, whose output's gradient was computed
+        against the weights of that time."""
         entry = self._saved[key]
         self._saved[key] = (*entry[:3], version)
-
-    def forget(self, key) -> None:
-        """Drop `key`'s stored input without training on it (a discarded stale gradient)."""
-        self._history.pop(key)
-
-    @property
-    def history(self) -> int:
-        """Inputs kept for replay."""
-        return len(self._history)
 
     def add_grads(self, grads, replace=()) -> None:
         """Accumulate parameter gradients given in `named_parameters` order (None: no gradient;
@@ -283,11 +258,10 @@ class Stage:
     def checkpoint(self, bag, prefix: str, weights: bool = True) -> dict:
         """The stage's weights (unless its owner stores the whole model), optimizer state and
         counters into `bag` (framework.checkpoint). Taken between flushes: no activations alive."""
-        from framework import checkpoint as ck
-
         self.hand_out_gradients()
-        if self._saved or self._history:
-            raise ck.CheckpointError(f"stage [{self.start}:{self.stop}) still holds activations of {sorted(map(str, [*self._saved, *self._history]))}")
+        held = self.held_keys()
+        if held:
+            raise ck.CheckpointError(f"stage [{self.start}:{self.stop}) still holds activations of {sorted(map(str, held))}")
         out = {"bounds": [self.start, self.stop], "version": self.version, "peak_inflight": self.peak_inflight, "staleness": list(self.staleness)}
         if self.numerics:
             if weights:
@@ -296,8 +270,6 @@ class Stage:
         return out
 
     def restore(self, bag, desc: dict) -> None:
-        from framework import checkpoint as ck
-
         if list(desc["bounds"]) != [self.start, self.stop]:
             raise ck.CheckpointError(f"checkpoint of stage {desc['bounds']} restored into stage [{self.start}, {self.stop})")
         self.version, self.peak_inflight, self.staleness = int(desc["version"]), int(desc["peak_inflight"]), list(desc["staleness"])

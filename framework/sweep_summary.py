@@ -54,10 +54,10 @@ def plot(result: dict, metric: str, out_dir: Path) -> Path | None:
     rows = result["rows"]
     if not rows:
         return None
-    import matplotlib
+    import matplotlib  # matplotlib: start-up (a sweep's end imports it, no run does)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: start-up (after the Agg backend is chosen)
 
     panels = [m for m in (metric, "time/epoch_virtual_s") if any(isinstance(r.get(m), float) for r in rows)]
     if not panels:
@@ -80,7 +80,7 @@ def plot(result: dict, metric: str, out_dir: Path) -> Path | None:
 
 def summarize_sweep(client, experiment_id: str, parent_id: str, tcfg, sweep_dir: Path) -> dict:
     """Fill the parent run (params, best child, artifacts); returns the comparison."""
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param  # mlflow: start-up (the CLI imports this module before any run)
 
     metric, direction = tcfg.optimized_metric, tcfg.optimized_direction
     children = children_of(client, experiment_id, parent_id)

@@ -22,7 +22,9 @@ from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 
-from framework.gantt import GANTT_ROWS
+import torch
+
+from framework.gantt import GANTT_ROWS, gantt_spec, render_gantt
 
 
 _BLOCK = 4096  # intervals per entry of Timeline.first_overlapping's index
@@ -188,8 +190,6 @@ class Timeline:
     # ---- checkpoints (framework.checkpoint): the intervals as columns -------------------------
 
     def checkpoint(self, bag, prefix: str) -> dict:
-        import torch
-
         cols = self._columns
         if cols is None or cols.of is not self.intervals:  # a new list (a restored checkpoint's)
             cols = self._columns = _Columns(self.intervals)
@@ -289,6 +289,4 @@ class Timeline:
 
     def save_gantt(self, path, iterations: int = 3, title: str = "", max_rows: int = GANTT_ROWS) -> None:
         """timeline.png: the Gantt chart of the first `iterations` iterations (framework.gantt)."""
-        from framework.gantt import gantt_spec, render_gantt
-
         render_gantt(gantt_spec(self, iterations, title, max_rows), path)

@@ -24,17 +24,25 @@ recorder calls `MlflowTracker` with it. Nothing is pickled; both sides run this 
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
 import platform
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import time
+import traceback
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from framework import faults
 from framework.errors import PipelabError
+from framework.tracking import MlflowTracker, dataset_records
 
 ENV = "PIPELAB_TRACKING_PROCESS"  # 0: MLflow in the run's own process
 NOT_A_SINGLE_RUN = ("-m", "--multirun", "--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--plugins")
@@ -64,9 +72,18 @@ def start(args: list[str]) -> None:
         except OSError as e:  # no fork now (out of processes or memory): MLflow works in-process
             print(f"note: MLflow records the run in its own process ({e})", file=sys.stderr)
             return
-        import atexit
-
         atexit.register(stop)
+
+
+def mlflow_tracker(cfg, parent_run_id: str | None = None, run_name: str | None = None, tags: dict | None = None, resume_run_id: str | None = None):
+    """MLflow on a SQLite store; metrics batched (what `tracking=mlflow` builds).
+
+    Where the CLI started a recorder for this run, MLflow works there, beside the run; otherwise
+    in this process (`MlflowTracker`). Both write the same records."""
+    recorder = take_recorder()
+    if recorder is not None:
+        return RemoteTracker(recorder, cfg, parent_run_id, run_name, tags, resume_run_id)
+    return MlflowTracker(cfg, parent_run_id, run_name, tags, resume_run_id)
 
 
 def take_recorder() -> Recorder | None:
@@ -191,10 +208,6 @@ class RemoteTracker:
     """`MlflowTracker`'s calls, done by the recorder (framework.tracking_process)."""
 
     def __init__(self, recorder: Recorder, cfg, parent_run_id=None, run_name=None, tags=None, resume_run_id=None):
-        from omegaconf import OmegaConf
-
-        from framework import faults
-
         self.cfg = cfg
         self._recorder = recorder
         self._buffer: list = []
@@ -217,8 +230,6 @@ class RemoteTracker:
         self._recorder.send("log_params", params={k: str(v) for k, v in params.items()})
 
     def log_dataset(self, dataset) -> None:
-        from framework.tracking import dataset_records
-
         self._recorder.send("log_dataset_records", records=dataset_records(dataset))
 
     def log_metric(self, key: str, value: float, step: int = 0) -> None:
@@ -264,7 +275,7 @@ def _widen(fd: int) -> None:
     the recorder still imports MLflow: a run's first calls (params, dataset, config) take ~30 KB.
     With the pipe full the run waits for the recorder, as it would wait on MLflow in-process."""
     try:
-        import fcntl
+        import fcntl  # POSIX only (ImportError below)
 
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
     except (ImportError, AttributeError, OSError):  # not Linux, or above /proc/sys/fs/pipe-max-size
@@ -275,9 +286,6 @@ def snapshot(folder) -> str:
     """A copy of `folder` as it is now, as hard links (no data copied; a copy where the file
     system has none), beside it: `.<name>.logging-<n>`. The run replaces such folders whole
     (framework.checkpoint.save writes new files), so the links keep the contents of now."""
-    import shutil
-    import tempfile
-
     folder = Path(folder).absolute()
     snap = Path(tempfile.mkdtemp(prefix=f".{folder.name}.logging-", dir=folder.parent))
     try:
@@ -289,8 +297,6 @@ def snapshot(folder) -> str:
 
 
 def _link_or_copy(src: str, dst: str) -> None:
-    import shutil
-
     try:
         os.link(src, dst)
     except OSError:
@@ -315,8 +321,6 @@ def _serve(req_fd: int, rep_fd: int) -> None:
         gc.enable()
         _loop(os.fdopen(req_fd, "rb"), replies)
     except BaseException:  # a bug here: say so, and let the run find no reply
-        import traceback
-
         traceback.print_exc()
         code = 1
     finally:
@@ -328,18 +332,12 @@ def _serve(req_fd: int, rep_fd: int) -> None:
 
 def _warm_up() -> None:
     """Import what MLflow needs before the run asks for it (no file is touched)."""
-    import mlflow  # noqa: F401
+    import mlflow  # noqa: F401  (mlflow: start-up; the recorder imports it beside the run)
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     import mlflow.tracking  # noqa: F401
 
 
 def _loop(requests, replies) -> None:
-    import shutil
-
-    from omegaconf import OmegaConf
-
-    from framework.tracking import MlflowTracker
-
     def reply(**msg) -> None:
         sys.stderr.flush()  # what the recorder printed comes before the run's next line
         try:

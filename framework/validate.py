@@ -2,23 +2,26 @@
 
 Types and unknown keys are Hydra's job (the schemas); this catches what a type cannot say:
 numbers out of range or not finite and words not among their choices (each knob's, read from its
-schema field by framework.validate_knobs), and options the chosen runtime would ignore. Plugins check their own combinations when they are built, which also happens before the
-tracking run starts.
+schema field by framework.validate_knobs), and options the chosen runtime would ignore. Plugins
+check their own combinations when they are built, which also happens before the tracking run
+starts.
 """
 
 from __future__ import annotations
 
-import re
-
 import dataclasses
 import difflib
+import re
+import shutil
 import typing
+from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework import registry, validate_knobs
-from framework.config import TrainConfig
+from framework import objective, registry, validate_knobs
+from framework.config import Config, TrainConfig
 from framework.errors import ConfigError, listing
+from framework.profile_tables import table_names
 
 
 def _check_keys(node, schema, where: str) -> None:
@@ -37,8 +40,6 @@ def _check_keys(node, schema, where: str) -> None:
 
 
 def check_known_keys(cfg) -> None:
-    from framework.config import Config
-
     names = [f.name for f in dataclasses.fields(Config)]
     for key in cfg.keys():
         if key == "hydra":
@@ -69,8 +70,6 @@ def validate(cfg) -> None:
             "scheduler.microbatches",
             f"{s.microbatches} micro-batches cannot split a batch of {t.batch_size} samples; use at most {t.batch_size} or raise train.batch_size",
         )
-    from framework import objective
-
     objective.check(cfg.tracking)  # optimized_direction, optimized_metric, metric_floor
     check_tracking(cfg.tracking)
     check_runtime(cfg)
@@ -84,8 +83,6 @@ MLFLOW_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", 
 def check_tracking(tcfg) -> None:
     if tcfg.name != "mlflow":
         return
-    from urllib.parse import urlparse
-
     uri = str(tcfg.uri)
     scheme = urlparse(uri).scheme.split("+")[0].lower()  # postgresql+psycopg2://: a SQLAlchemy driver
     if scheme not in MLFLOW_SCHEMES and len(scheme) > 1:  # one letter: a Windows drive (C:/runs)
@@ -125,8 +122,6 @@ def check_runtime(cfg) -> None:
     check_replica_conv(cfg.runtime, device)
     python = cfg.runtime.get("python")
     if rt == "local" and python:
-        import shutil
-
         if shutil.which(str(python)) is None:
             raise ConfigError("runtime.python", f"{python!r} is not an executable; give the interpreter of the role processes (a path or a name on PATH), or null for this one")
 
@@ -135,8 +130,6 @@ def check_tables(cluster) -> None:
     """`table` of the device template and of each device entry, named by the key it was set at,
     whatever the time model: a name that does not exist is a mistake even where this device's
     time model does not read it (yet). (`time_model` is among its choices: validate_knobs.)"""
-    from framework.profile_tables import table_names
-
     entries = [("cluster.device", cluster.device)] + [(f"cluster.devices.{k}", v) for k, v in (cluster.devices or {}).items()]
     for where, node in entries:
         model = node.get("time_model") if isinstance(node, DictConfig) else None

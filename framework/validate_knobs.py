@@ -14,24 +14,22 @@ from __future__ import annotations
 import math
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from framework import knobs, registry
+from framework.config import BASE_SCHEMAS, Config
 from framework.errors import ConfigError
 
 
 def group_schema(group: str, name) -> type:
     """The schema a group's node is composed from: the selected plugin's, else the group's base
     (cluster presets are data: ClusterConfig)."""
-    from framework.config import BASE_SCHEMAS
-
     schema = registry.declared(group, name).schema if group != "cluster" else None
     return schema or BASE_SCHEMAS[group]
 
 
 def knob_leaves(plain: dict):
     """(dotted key, value, Knob or None) of every leaf of the plain composed config `plain`."""
-    from framework.config import Config
-
     groups = {g: plain[g] for g in registry.GROUPS if isinstance(plain.get(g), dict)}
     yield from knobs.leaves({k: v for k, v in plain.items() if k not in groups}, Config, "")
     for group, node in groups.items():
@@ -41,8 +39,6 @@ def knob_leaves(plain: dict):
 def resolved(cfg) -> dict:
     """The config as plain containers, every interpolation resolved; one that cannot be resolved
     is a ConfigError naming its key."""
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:

@@ -16,6 +16,16 @@ import os
 import signal
 import sys
 
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
+
+from framework import input_errors, registry
+from framework.config_dirs import CONF_DIR
+from framework.errors import PipelabError, one_line
+from framework.runtime.allocator import tune_malloc
+from framework.runtime.role_process import TRANSPORT_FAILED_EXIT, run_role
+from framework.transport import TransportError
+
 
 def parse(argv: list[str]) -> tuple[str, list[str]]:
     role, rest = None, []
@@ -34,15 +44,6 @@ def parse(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf, open_dict
-
-    from framework import input_errors, registry
-    from framework.cli import CONF_DIR
-    from framework.errors import PipelabError, one_line
-    from framework.runtime.role_process import TRANSPORT_FAILED_EXIT, run_role
-    from framework.transport import TransportError
-
     role, overrides = parse(sys.argv[1:] if argv is None else argv)
     registry.load_plugins()
     if not any(o.startswith("transport=") for o in overrides):
@@ -66,13 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.runtime.get("run_id"):
             raise PipelabError("runtime.run_id: required; the coordinator prints it with each role's command")
         if cfg.runtime.get("tune_malloc", True):
-            from framework.runtime.allocator import tune_malloc
-
             tune_malloc()
         network = registry.build("transport", cfg.transport)
 
         def build(config: dict, plan: dict):
-            from framework.job import build_scheduler
+            from framework.job import build_scheduler  # start-up: the role joins the run before it imports the job's modules (torch models, data)
 
             run_cfg = OmegaConf.create(config)
             with open_dict(run_cfg):

@@ -3,11 +3,16 @@ sizes, Algorithm 1's choices and the shared medium (notes 6.3, AC2 and AC4)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from framework.job import Job
+from plugins.schedulers.adalearner.plan import AdaLearnerPlan
+from plugins.schedulers.adalearner.roles import GroupOwnerSpec, WorkerSpec
 from tests.conftest import compose_cfg
+from tests.role_specs import assert_holds_no_scheduler, roles_from_shipped_specs
 
 MLP = ["model=mlp", "model.widths=[128,64]", "dataset=synthetic_mnist"]
 LENET = ["model=lenet_mxnet", "dataset=synthetic_mnist"]
@@ -155,6 +160,28 @@ def test_real_processes_over_mqtt_train_the_simulators_weights(tmp_path):
     a, b = weights(sim), weights(real)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-10
     assert real.iterations == sim.iterations == 4
+
+
+@pytest.mark.parametrize("overrides", [["scheduler.workers=3", "scheduler.architecture=onebit"], ["scheduler.workers=2", "scheduler.architecture=fp32",
+                                        "scheduler.partition=lookup_table"], []], ids=["onebit", "fp32-lookup", "local"])
+def test_roles_are_built_from_their_specs_alone(tmp_path, overrides):
+    """Issue 45: every role is built from its spec's JSON and the run's parts, holds no reference
+    to the scheduler, and its spec (and the plan) come back equal from JSON."""
+    job = Job(compose_cfg(COMMON + MLP + ["train.iterations_per_epoch=2"] + overrides), tmp_path)
+    sched = job.scheduler
+    plan = sched.typed_plan()
+    assert AdaLearnerPlan.from_json(json.loads(json.dumps(sched.plan()))) == plan
+    roles = roles_from_shipped_specs(sched)
+    assert set(roles) == {"go", *(f"wn{i}" for i in range(len(plan.workers)))}
+    for role in roles.values():
+        assert_holds_no_scheduler(role, sched)
+    go = roles["go"].spec
+    assert isinstance(go, GroupOwnerSpec) and go.workers == tuple(f"wn{i}" for i in range(len(plan.workers))) and go.scheme == plan.scheme
+    for i, w in enumerate(plan.workers):
+        spec = roles[f"wn{i}"].spec
+        assert isinstance(spec, WorkerSpec) and spec.index == i and spec.device == w.device and spec.samples[i] == w.samples
+        assert sum(spec.samples) == 128 and spec.decode_s == plan.codec_s.decode
+    job.run()  # the roles the runtime built the same way train
 
 
 def test_an_unknown_planner_names_the_choices(tmp_path):

@@ -37,7 +37,7 @@ MQTT = ["runtime=local", "transport=mqtt"]
 BAD_INPUTS = [
     # ---- override syntax (Hydra's parser) ----
     (["=3"], ["=3", "needs a key", "train.lr=0.1"]),
-    (["scheduler=["], ["scheduler=[", "cannot read", "key=[a,b]", "gpipe, jointdnn, local"]),
+    (["scheduler=["], ["scheduler=[", "cannot read", "key=[a,b]", "choices: 1f1b, adalearner,", "... and"]),
     (["train.lr", "0.1"], ["'train.lr' is not an override", "key=value", "no spaces"]),
     (["model=lenet,mlp"], ["model=lenet,mlp", "sweep", "-m"]),
     (["train.lr=0.1,0.01"], ["train.lr=0.1,0.01", "-m", "train.lr=[0.1,0.01]"]),

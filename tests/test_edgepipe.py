@@ -16,8 +16,11 @@ import torch.nn.functional as F
 from framework.errors import ConfigError
 from framework.job import Job
 from plugins.schedulers.edgepipe.partition import message_counts, messages, partition
+from plugins.schedulers.edgepipe.plan import EdgePipePlan
+from plugins.schedulers.edgepipe.roles import SuperNeuronSpec
 from plugins.schedulers.edgepipe.timing import slots_for
 from tests.conftest import compose_cfg
+from tests.role_specs import assert_holds_no_scheduler, roles_from_shipped_specs
 
 # 784-16-16-16-16-10 on 300 synthetic samples, minibatch 50: 6 minibatches per epoch
 SIZES = [784, 16, 16, 16, 16, 10]
@@ -398,3 +401,25 @@ def test_neuron_chunks_are_priced_as_their_share_of_layer_work(tmp_path, predict
             assert sched.op_seconds(s, sched.perm)[("BW", layer)] == pytest.approx(share * whole, rel=1e-12)
     worst = max(t for s in range(len(sched.perm)) for t in sched.op_seconds(s, sched.perm).values())
     assert sched.plan()["worst_op_s"] == pytest.approx(worst)
+
+
+@pytest.mark.parametrize("overrides", [["scheduler.recovery=ack", "scheduler.slot_s=1.0", "scheduler.budget_min=1.0", "scheduler.eval_every_min=0.25"],
+                                       ["scheduler.recovery=rtx", "scheduler.pipeline=false"]], ids=["ack-budget-curve", "rtx-epochs"])
+def test_super_neurons_are_built_from_their_specs_alone(tmp_path, overrides):
+    """Issue 45: every super neuron is built from its spec's JSON and the run's parts, holds no
+    reference to the scheduler, and its spec (and the plan) come back equal from JSON."""
+    job = job_for(tmp_path, overrides)
+    sched = job.scheduler
+    plan = sched.typed_plan()
+    assert EdgePipePlan.from_json(json.loads(json.dumps(sched.plan()))) == plan
+    roles = roles_from_shipped_specs(sched)
+    assert sorted(roles) == [f"sn{s}" for s in range(6)]
+    for name, role in roles.items():
+        assert_holds_no_scheduler(role, sched)
+        spec = role.spec
+        assert isinstance(spec, SuperNeuronSpec) and spec.partition == sched.partition and spec.device == plan.mapping.devices[name]
+        assert spec.slot_s == plan.slot_s and spec.pipeline == sched.cfg.pipeline
+        assert (spec.recovery.copies, spec.recovery.retries) == ((1, 3) if sched.cfg.recovery == "ack" else (2, 0))
+        assert spec.budget_minibatches == (plan.budget.minibatches if plan.budget else None)
+        assert spec.snapshot_slots == (plan.eval.at_slots if plan.eval else None)
+    job.run()  # the roles the runtime built the same way train

@@ -153,11 +153,9 @@ def test_stale_replay_trains_and_the_uplink_is_compressed_with_error_feedback(tm
     assert max(edge_staleness(job)) <= 3
 
 
-def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
-    from framework.stage import Stage
+def _replay_stage(net):
     from omegaconf import OmegaConf
-
-    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    from plugins.schedulers.feature_replay.replay_stage import ReplayStage
 
     class M:  # the slice of a UnitModel that Stage reads
         units = [net]
@@ -169,7 +167,12 @@ def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
         def __len__(self):
             return 2
 
-    st = Stage(M(), 0, 1, OmegaConf.create({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}))
+    return ReplayStage(M(), 0, 1, OmegaConf.create({"optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0}))
+
+
+def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    st = _replay_stage(net)
     x = torch.randn(4, 8)
     torch.manual_seed(1)
     sent = st.forward_to_replay(x, 0)
@@ -177,6 +180,31 @@ def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
     st.replay(0)
     _, out, _, _ = st._saved[0]
     assert torch.equal(out.detach(), sent)
+
+
+def test_the_history_queue_blocks_checkpoints_and_dates_replays_at_their_forward():
+    """The core stage's hooks as the replay uses them: a kept input is held (no checkpoint until
+    it is replayed or dropped), and a replay's staleness counts from the forward that was sent."""
+    from framework import checkpoint as ck
+
+    st = _replay_stage(torch.nn.Linear(8, 8))
+    x = torch.randn(4, 8)
+    st.forward_to_replay(x, 0)
+    st.forward_to_replay(x, 1)
+    assert st.held_keys() == [0, 1] and st.history == 2 and st.peak_history == 2
+    with pytest.raises(ck.CheckpointError, match=r"\['0', '1'\]"):
+        st.checkpoint(ck.Bag(), "s")
+    st.replay(0)
+    st.backward(0, torch.ones(4, 8))
+    st.step()
+    st.replay(1)  # through the weights after one update, sent before it
+    st.backward(1, torch.ones(4, 8))
+    st.step()
+    assert st.staleness == [0, 1] and st.held_keys() == []
+    st.forward_to_replay(x, 2)
+    st.forget(2)  # a discarded gradient: nothing trains, nothing is held
+    assert st.held_keys() == [] and st.version == 2
+    st.checkpoint(ck.Bag(), "s")
 
 
 @pytest.mark.parametrize("over, key", [
@@ -251,12 +279,12 @@ def test_a_migration_moves_the_weights_between_the_roles_as_messages(tmp_path, m
     """A forced migration with numerics: each role trains its own copy of the model, so the moved
     blocks must arrive as messages; the result equals a run where both roles share one model
     object (nothing needs to move there) to 1e-12, and the moved weights' bytes crossed the link."""
-    from plugins.schedulers.feature_replay import roles
+    from plugins.schedulers.feature_replay import side, upstream
 
     def forced(self):
         return end if self.it == 3 else self.cut
 
-    monkeypatch.setattr(roles.UpstreamRole, "preferred_cut", forced)
+    monkeypatch.setattr(upstream.UpstreamRole, "preferred_cut", forced)
     over = SMALL + ["scheduler=feature_replay", f"scheduler.cut={start}", "scheduler.K=1", "scheduler.staleness_policy=fixed", "train.epochs=1", "dataset.n_train=144"]
     job = Job(compose_cfg(over), tmp_path / "own")
     job.run()
@@ -264,7 +292,7 @@ def test_a_migration_moves_the_weights_between_the_roles_as_messages(tmp_path, m
     assert [(m["from"], m["to"]) for m in fr["migrations"]] == [(start, end)] and fr["final_cut"] == end
     link = summary(job)["links"]["server->dev0" if end > start else "dev0->server"]
     assert link["bytes"] >= sum(i.params for i in job.model.infos[min(start, end):max(start, end)]) * 8
-    monkeypatch.setattr(roles, "own_model", lambda ctx: ctx.model)
+    monkeypatch.setattr(side, "own_model", lambda parts: parts.model)
     shared = Job(compose_cfg(over), tmp_path / "shared")
     shared.run()
     a, b = job.final_model().state_dict(), shared.final_model().state_dict()
@@ -312,3 +340,47 @@ def test_the_engine_migrates_on_real_processes(tmp_path):
     assert [(m["from"], m["to"]) for m in fr["migrations"]] == [(3, 1)], fr["migrations"]
     assert fr["migrations"][0]["rate_up_Bps"] > 1e6 and fr["final_cut"] == 1
     assert summary(job)["status"] == "FINISHED" and job.history["val/acc"][-1] > 0.3
+
+
+def _held(obj, depth: int):
+    """What `obj` holds, `depth` levels down: its attributes' values and their items."""
+    values = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
+    if isinstance(obj, (list, tuple, set)):
+        values = list(obj)
+    elif isinstance(obj, dict):
+        values = list(obj.values())
+    for v in values:
+        yield v
+        bound = getattr(v, "__self__", None)  # a bound method holds its object
+        if bound is not None:
+            yield bound
+        if depth > 1:
+            yield from _held(v, depth - 1)
+
+
+@pytest.mark.parametrize("over", [PI, PI + ["scheduler=jointdnn"], PI + ["scheduler=edge_only"],
+                                  SMALL + ["scheduler=feature_replay", "scheduler.upstream=cloud", "scheduler.cut=2", "scheduler.adaptive=false",
+                                           "scheduler.K_schedule=[[1,2]]", "scheduler.drift_lags=[1,2]"]],
+                         ids=["feature_replay", "jointdnn", "edge_only", "reversed"])
+def test_roles_are_built_from_their_specs_alone(over):
+    """Issue 45: each role is built from its spec as shipped (JSON) and the process's parts; it
+    holds no reference to the scheduler, and its spec comes back equal from JSON."""
+    from framework.job import build_scheduler
+    from framework.scheduler import Scheduler
+    from plugins.schedulers.feature_replay.downstream import DownstreamRole
+    from plugins.schedulers.feature_replay.role_specs import DownstreamSpec, UpstreamSpec
+    from plugins.schedulers.feature_replay.upstream import UpstreamRole
+
+    _, sched = build_scheduler(compose_cfg(over))
+    for r in sched.role_devices():
+        spec = sched.role_spec(r)
+        assert type(spec).from_json(json.loads(json.dumps(spec.to_json()))) == spec
+        role = sched.role_from_spec(r, json.loads(json.dumps(spec.to_json())))
+        upstream = r == sched.plan()["upstream"]
+        assert type(role) is (UpstreamRole if upstream else DownstreamRole) and type(spec) is (UpstreamSpec if upstream else DownstreamSpec)
+        for v in _held(role, 2):
+            assert v is not sched and not isinstance(v, Scheduler), (r, v)
+    edge = sched.role_spec(sched.plan()["upstream"])
+    assert edge.profile.edge_s == tuple(sched.plan()["profile"]["edge_s"]) and edge.cut == sched.plan()["cut"]
+    if "scheduler.K_schedule=[[1,2]]" in over:  # the bound changes from epoch 1 on
+        assert (edge.K.at(0), edge.K.at(1), edge.K.at(5)) == (5, 2, 2)

@@ -136,7 +136,7 @@ def test_processes_opening_a_fresh_sqlite_store_at_once_all_succeed(tmp_path):
         import sys, time
         from pathlib import Path
         from omegaconf import OmegaConf
-        from framework.tracking import client_and_experiment
+        from framework.mlflow_store import client_and_experiment
         cfg = OmegaConf.create({{"uri": "sqlite:///{db}", "artifact_root": "{tmp_path / 'art'}", "experiment": "race"}})
         Path(sys.argv[1]).touch()
         while not Path("{go}").exists():
@@ -177,7 +177,7 @@ def test_a_write_waits_out_a_lock_held_longer_than_mlflow_waits(tmp_path, mlflow
     from mlflow.entities import Metric
     from omegaconf import OmegaConf
 
-    from framework.tracking import client_and_experiment
+    from framework.mlflow_store import client_and_experiment
 
     db = tmp_path / "mlflow.db"
     shutil.copy(mlflow_template, db)

@@ -120,7 +120,7 @@ def test_search_plays_out_every_partition_and_beats_the_bottleneck_program(tmp_p
     job = Job(compose_cfg(["tracking=none", "runtime.numerics=false"] + over), tmp_path / "probe")
     sched, devices = job.scheduler, [s["device"] for s in job.scheduler.plan()["stages"]]
     L = len(job.model)
-    best = min(sched.predicted_epoch_s(devices, [(0, a), (a, b), (b, L)]) for a, b in itertools.combinations(range(1, L), 2))
+    best = min(sched.planner.predicted_epoch_s(devices, [(0, a), (a, b), (b, L)]) for a, b in itertools.combinations(range(1, L), 2))
     assert t_search == pytest.approx(best, rel=1e-12)
 
 

@@ -388,3 +388,62 @@ def test_model_vectors_are_copies_laid_end_to_end_and_load_back():
     assert all(torch.equal(a, b) for a, b in zip(other.state_dict().values(), model.state_dict().values()))
     with pytest.raises(ValueError, match="units"):
         layout.load(other, 0, L, {"p": whole["p"][:-1], "b": whole["b"]})
+
+
+# ---- roles from their specs ----------------------------------------------------------------------
+
+
+def _no_scheduler_in(obj, sched, depth: int = 2, path: str = "role") -> None:
+    """Nothing `obj` holds, `depth` attribute levels down (containers looked into on the way), is
+    the scheduler, a Scheduler or a method bound to one."""
+    from framework.scheduler import Scheduler
+
+    seen: set[int] = set()
+
+    def walk(v, level: int, where: str) -> None:
+        if id(v) in seen or isinstance(v, (str, bytes, int, float, bool, torch.Tensor)) or v is None:
+            return
+        seen.add(id(v))
+        assert v is not sched and not isinstance(v, Scheduler), where
+        assert getattr(v, "__self__", None) is not sched, f"{where} is bound to the scheduler"
+        if isinstance(v, dict):
+            for key, x in v.items():
+                walk(x, level, f"{where}[{key!r}]")
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            for i, x in enumerate(v):
+                walk(x, level, f"{where}[{i}]")
+        elif level < depth and hasattr(v, "__dict__"):
+            for name, x in vars(v).items():
+                walk(x, level + 1, f"{where}.{name}")
+
+    walk(obj, 0, path)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["scheduler=pipar", "scheduler.shard=dirichlet", "scheduler.failures=[[1,0,1]]", "scheduler.dp_sigma=0.1", "scheduler.dp_clip=2.0"],
+    ["scheduler=pipar", "scheduler.server_mode=sequential", "scheduler.P=1", "scheduler.N=2"],
+    ["scheduler=fl"],
+    ["scheduler=sfl", "scheduler.server_model=shared", "scheduler.P=1"],
+    ["scheduler=sl", "scheduler.P=1"],
+], ids=["pipar", "pipar_sequential", "fl", "sfl_shared", "sl"])
+def test_every_role_is_built_from_its_spec_as_shipped_and_holds_no_scheduler(tmp_path, overrides):
+    """What a role process does: the spec's JSON in, the role out; the role keeps its spec and the
+    run's parts, nothing of the scheduler; the spec survives JSON unchanged."""
+    from plugins.schedulers.pipar import specs
+
+    job = make_job(tmp_path, ["model=mlp", "dataset=synthetic_mnist", "cluster=pipar_wifi", "cluster.num_devices=3", "dataset.n_train=120", "train.batch_size=20", *overrides])
+    sched = job.scheduler
+    roles = sched.role_devices()
+    for r in roles:
+        spec = sched.role_spec(r)
+        assert isinstance(spec, specs.CollabRoleSpec) and (spec.role, spec.device) == (r, roles[r])
+        assert type(spec).from_json(spec.to_json()) == spec
+        role = sched.role_from_spec(r, json.loads(json.dumps(spec.to_json())))
+        assert role.spec == spec and role.device == roles[r]
+        _no_scheduler_in(role, sched, path=r)
+        if isinstance(spec, specs.DeviceSpec):  # its shard, as data, is the scheduler's
+            assert torch.equal(spec.shard.tensor(), sched.shards[spec.k]) and spec.plan == sched.plans[spec.k].lean()
+    plan = sched.plan()
+    assert specs.CollabPlan.from_json(json.loads(json.dumps(plan))).to_json() == plan  # plan.json, typed and back
+    with pytest.raises(KeyError):
+        sched.role_spec("dev9")

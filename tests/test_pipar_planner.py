@@ -39,7 +39,7 @@ def test_the_shared_server_is_in_the_plan(tmp_path):
 def test_select_paper_is_the_closed_form_with_its_own_estimate(tmp_path):
     job = Job(compose_cfg(["scheduler=pipar", "cluster=pipar_4g", "scheduler.select=paper", *VGG]), tmp_path)
     pl = job.scheduler.planner
-    best, _ = pp.select_closed_form(pl.pair_model(0), pl.B, len(pl.shards[0]), pl.p_range(), clamp=True)
+    best, _ = pp.select_closed_form(pl.pair_model(0), pl.B, pl.shard_sizes[0], pl.p_range(), clamp=True)
     plan = job.scheduler.plans[0]
     assert (plan.P, plan.N) == (best.P, best.N)
     assert plan.paper_epoch_s == best.epoch_s

@@ -185,7 +185,7 @@ def test_refine_on_a_real_timing_only_job(tmp_path):
 
     job = Job(compose_cfg(["scheduler=pipar", "scheduler.select=paper", "runtime.numerics=false", "model=vgg5", "dataset=synthetic_mnist", "dataset.n_train=2000", "train.batch_size=50", "cluster=pipar_4g", "cluster.device.call_overhead_s=0.02"]), tmp_path)
     plan = job.scheduler.planner  # the scheduler's (P, N) planning part
-    k, n = 0, len(plan.shards[0])
+    k, n = 0, plan.shard_sizes[0]
     opt, trials = exhaustive(plan, k, plan.p_range())
     by = {(t["P"], t["N"]): t for t in trials}
     paper = job.scheduler.plans[k]

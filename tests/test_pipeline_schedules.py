@@ -147,15 +147,15 @@ def test_memory_estimate_follows_the_schedule_and_capacity_fails_early(tmp_path)
     from framework.errors import ConfigError
 
     common = UNIFORM_MLP + ["cluster.num_devices=4", "scheduler.microbatches=8", "runtime.numerics=false"]
-    g = Job(compose_cfg(common + ["scheduler=gpipe"]), tmp_path).scheduler
-    o = Job(compose_cfg(common + ["scheduler=1f1b"]), tmp_path).scheduler
-    assert [m["microbatches_alive"] for m in g.memory] == [8, 8, 8, 8]
-    assert [m["microbatches_alive"] for m in o.memory] == [4, 3, 2, 1]
+    g = [st.memory_bytes for st in Job(compose_cfg(common + ["scheduler=gpipe"]), tmp_path).scheduler.pipeline_plan.stages]
+    o = [st.memory_bytes for st in Job(compose_cfg(common + ["scheduler=1f1b"]), tmp_path).scheduler.pipeline_plan.stages]
+    assert [m.microbatches_alive for m in g] == [8, 8, 8, 8]
+    assert [m.microbatches_alive for m in o] == [4, 3, 2, 1]
     # 2 units of Linear(64,64) per stage: (2*64*64 + 2*64) params * 4 bytes * (weights, grad, momentum)
-    assert g.memory[0]["weights_and_optimizer"] == (2 * 64 * 64 + 2 * 64) * 4 * 3
+    assert g[0].weights_and_optimizer == (2 * 64 * 64 + 2 * 64) * 4 * 3
     # activations: 8 samples per micro-batch, two 64-wide unit outputs, float32
-    assert g.memory[0]["activations"] == 8 * 8 * (2 * 64) * 4
-    cap = (g.memory[0]["bytes"] + o.memory[0]["bytes"]) // 2  # fits 1F1B's stage 0, not GPipe's
+    assert g[0].activations == 8 * 8 * (2 * 64) * 4
+    cap = (g[0].bytes + o[0].bytes) // 2  # fits 1F1B's stage 0, not GPipe's
     with pytest.raises(ConfigError, match=r"cluster.devices.dev0.memory_bytes.*stage0.*8 micro-batches"):
         Job(compose_cfg(common + ["scheduler=gpipe", f"+cluster.devices={{dev0: {{memory_bytes: {cap}}}}}"]), tmp_path)
     Job(compose_cfg(common + ["scheduler=1f1b", f"+cluster.devices={{dev0: {{memory_bytes: {cap}}}}}"]), tmp_path)

@@ -1,9 +1,10 @@
-"""Every `python -m framework ...` line in README.md's code blocks works as written.
+"""Every `python -m framework ...` line in the code blocks of README.md and of the documentation
+pages (docs/, in mkdocs.yml's nav order: the README's sections moved there) works as written.
 
 - Fast (default suite): each command's config composes (Hydra's compose API, as the CLI composes
   it; a sweep's every combination) and passes the CLI's checks and `validate`; a `$ ...` line
   shown with its error fails with that error, word for word.
-- Slow (`-m slow`): each command runs through the CLI, in README order in one temporary folder
+- Slow (`-m slow`): each command runs through the CLI, in reading order in one temporary folder
   (as a reader would run them: a resume finds the run it continues), cut short (one epoch of two
   iterations, small dataset splits, MLflow in the folder; sweeps keep every value), and exits 0
   with no traceback; a `$ ...` line exits non-zero printing the error the README shows. A line
@@ -12,7 +13,7 @@
   are skipped without mosquitto; `runtime=remote` lines, which wait for other machines to join,
   only compose.
 
-Lines added to the README later are picked up the same way.
+Lines added to the README or a page later are picked up the same way.
 """
 
 from __future__ import annotations
@@ -32,9 +33,20 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import compose_cfg
+from tests.test_docs import DOCS, nav_pages
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+
+
+def documented_pages() -> list[Path]:
+    """README.md, then every page of the site in its nav order: a reader's order, in which a resume
+    comes after the run it continues."""
+    import yaml
+
+    nav = nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+    return [README, *(DOCS / page for page in nav)]
+
 NO_RUN_FLAGS = ("--help", "-h", "--plugins", "--cfg", "--info", "--hydra-help", "--resolve", "--package")
 SHORT = {"train.epochs": "1", "train.iterations_per_epoch": "2", "runtime.progress": "false"}
 SMALL_DATA = {"dataset.n_train": "1024", "dataset.n_val": "64", "dataset.n_test": "64"}
@@ -94,7 +106,7 @@ def logical_lines(body: str) -> list[str]:
 
 
 def readme_commands(text: str | None = None) -> list[Command]:
-    text = README.read_text() if text is None else text
+    text = "\n".join(p.read_text() for p in documented_pages()) if text is None else text
     out: list[Command] = []
     for info, body in code_blocks(text):
         if info.split(" ")[0] in ("python", "py", "toml", "yaml", "yml", "json"):
@@ -150,8 +162,8 @@ def sweep_combinations(overrides: list[str]) -> list[list[str]]:
 
 def compose_error(overrides: list[str]) -> str | None:
     """What the CLI would say before running anything (None: it would run)."""
-    from framework.cli import check_group_overrides
     from framework.errors import PipelabError
+    from framework.group_options import check_group_overrides
     from framework.validate import validate
 
     problem = check_group_overrides(overrides)
@@ -167,6 +179,9 @@ def compose_error(overrides: list[str]) -> str | None:
 def test_the_readme_has_framework_commands():
     lines = [c.line for c in COMMANDS]
     assert len(COMMANDS) >= 5, lines  # the parser finds the README's commands
+    readme = readme_commands(README.read_text())
+    assert readme and all(c in COMMANDS for c in readme), [c.line for c in readme]  # the README's own lines are among them
+    assert any(c.interrupted for c in COMMANDS) and any(c.resumes for c in COMMANDS), lines  # docs/runs.md: Ctrl-C, then resume
     # and is not fooled by other modules (`python -m framework.worker role=...`) or comments
     assert not any(a.startswith("role=") or "#" in a for c in COMMANDS for a in c.args), lines
 

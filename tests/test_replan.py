@@ -1,4 +1,4 @@
-"""Re-planning a pipeline when a device drifts (framework/replan.py, `scheduler.replan_epsilon`):
+"""Re-planning a pipeline when a device drifts (plugins/predictors/accept_replan.py, `scheduler.replan_epsilon`):
 stages report their measured forward + backward time per mini-batch at each epoch's end, stage 0
 re-plans when one is off its prediction by more than epsilon, and units move before the next
 epoch, on the simulator and on real processes."""
@@ -12,7 +12,7 @@ import torch
 
 from framework.cluster import Work
 from framework.job import Job
-from framework.replan import drifted
+from plugins.predictors.accept_replan import drifted
 from tests.conftest import compose_cfg
 
 # AccEPT's scenario 1 at 4 Mbit/s, small: three stages of MobileNetV2, timing only

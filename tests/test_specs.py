@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from framework.specs import Data, RoleSpec
+from framework.specs import Data, RoleSpec, absent_when_none
 
 
 @dataclass(frozen=True)
@@ -41,3 +41,16 @@ def test_unknown_fields_and_foreign_values_are_refused():
         RoleSpec.from_json({"role": "a", "device": "b", "plan": {}})
     with pytest.raises(TypeError, match="not JSON data"):
         ExampleSpec("r", "d", (), (), {}, [], object()).to_json()
+
+
+@dataclass(frozen=True)
+class PlanWithAnOptionalPart(Data):
+    n: int
+    budget: Slot | None = absent_when_none()
+
+
+def test_an_absent_when_none_field_is_left_out_while_none_and_comes_back():
+    bare, full = PlanWithAnOptionalPart(3), PlanWithAnOptionalPart(3, Slot(0.5, (1,)))
+    assert bare.to_json() == {"n": 3} and PlanWithAnOptionalPart.from_json({"n": 3}) == bare
+    assert full.to_json() == {"n": 3, "budget": {"start": 0.5, "units": [1]}}
+    assert PlanWithAnOptionalPart.from_json(json.loads(json.dumps(full.to_json()))) == full

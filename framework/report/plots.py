@@ -17,10 +17,10 @@ MAX_LINKS = 10  # links drawn one by one; the rest are summed into "other links"
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # matplotlib: start-up (only drawing a plot imports it)
 
     matplotlib.use("Agg")  # no display: files only
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: start-up (after the Agg backend is chosen)
 
     return plt
 
@@ -51,7 +51,7 @@ def _spans_decades(vals: Sequence[float], ratio: float) -> bool:
 def _x_axis(ax, xs: Sequence[float], col: str) -> None:
     """Log when the values span a decade (bandwidths, sizes); ticks at the swept values themselves
     when there are few (2 and 4 micro-batches, not 2.25, 2.5, ...); bit/s in engineering units."""
-    from matplotlib.ticker import EngFormatter, FuncFormatter, NullFormatter
+    from matplotlib.ticker import EngFormatter, FuncFormatter, NullFormatter  # matplotlib: start-up
 
     values = sorted(set(xs))
     if _spans_decades(values, 10):
@@ -67,7 +67,7 @@ def _x_axis(ax, xs: Sequence[float], col: str) -> None:
 def _y_axis(ax, ys: Sequence[float]) -> None:
     """Log when epoch times span a decade (they fall by decades with bandwidth: the fast end stays
     visible), labelled in plain seconds at 1-2-5 steps (0.1, 0.2, 0.5, 1), not 10^-1."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # matplotlib: start-up
 
     if not _spans_decades(ys, 10):
         return
@@ -132,7 +132,7 @@ def accuracy(records: Sequence[RunRecord], labels: Sequence[str], out_dir: Path)
     curves = [(r.history["val/acc"], lab) for r, lab in zip(records, labels) if any(is_number(v) for v in r.history.get("val/acc", []))]
     if not curves:
         return None, "no run has val/acc per epoch (timing-only runs, runtime.numerics=false, have none)"
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # matplotlib: start-up
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -158,7 +158,7 @@ def link_bytes(records: Sequence[RunRecord], labels: Sequence[str], out_dir: Pat
             totals[name] += b
     names = sorted(totals, key=lambda n: -totals[n])
     shown, rest = sorted(names[:MAX_LINKS]), names[MAX_LINKS:]
-    from matplotlib.ticker import EngFormatter
+    from matplotlib.ticker import EngFormatter  # matplotlib: start-up
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(runs) + 1.8))

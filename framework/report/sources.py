@@ -15,11 +15,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+from omegaconf import OmegaConf
+
 from framework.comparison import RunRecord, is_number
 from framework.config import SWEEP_KEYS_FILE
 from framework.errors import PipelabError
+from framework.mlflow_store import flatten, mlflow_name, quiet_mlflow
 from framework.multirun import swept_keys
-from framework.tracking import flatten, mlflow_name
 
 EPOCH_MEAN = "time/epoch_virtual_s (mean)"  # the mean over epochs: MLflow's latest value is the last epoch's only
 BYTES_TOTAL = "net/bytes (all links)"
@@ -96,8 +99,6 @@ def _from_summary(rec: RunRecord, summary: dict) -> RunRecord:
 
 def job_record(folder: Path) -> RunRecord:
     """One job folder (config.yaml + summary.json) as a record; params named as Job.params() logs them."""
-    from omegaconf import OmegaConf
-
     summary = json.loads((folder / "summary.json").read_text())
     params = {}
     if (folder / "config.yaml").is_file():
@@ -115,8 +116,6 @@ def _job_number(p: Path) -> tuple:
 def _sweep_meta(folder: Path) -> tuple[list[str] | None, str]:
     """The swept keys (sweep_keys.json, in the sweep's order; else from Hydra's multirun.yaml,
     which `tracking=none` sweeps have too) and the sweep's overrides."""
-    import yaml
-
     overrides = []
     try:
         overrides = list(yaml.safe_load((folder / "multirun.yaml").read_text())["hydra"]["overrides"]["task"])
@@ -158,10 +157,9 @@ def _client(uri: str, name: str):
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         # MLflow would create (and migrate) an empty store: say what is wrong instead
         raise ReportError(f"{name}: no such folder, and no MLflow store at {uri[len('sqlite:///'):]} (give a sweep folder, or --tracking-uri)")
-    from framework.tracking import _quiet_mlflow
 
-    _quiet_mlflow()
-    from mlflow.tracking import MlflowClient
+    quiet_mlflow()
+    from mlflow.tracking import MlflowClient  # mlflow: start-up (only a report of an MLflow experiment imports it)
 
     return MlflowClient(tracking_uri=uri)
 

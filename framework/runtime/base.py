@@ -28,6 +28,7 @@ import torch
 from framework import nonfinite
 from framework.cluster import Work
 from framework.errors import PipelabError
+from framework.timeline import Timeline
 
 
 class PeerLost(PipelabError):
@@ -151,8 +152,6 @@ class Runtime(ABC):
     def __init__(self, cfg, cluster, codec, hooks: RuntimeHooks | None = None, *, network=None, run_config=None):
         """`network`: the run's transport (real runtimes need one); `run_config`: the whole
         config, which real runtimes ship to their role processes."""
-        from framework.timeline import Timeline
-
         self.cfg = cfg
         self.network = network
         self.run_config = run_config

@@ -37,15 +37,18 @@ import time
 import uuid
 from typing import Callable
 
+from omegaconf import OmegaConf
+
 from framework import secret_pipe
 from framework.errors import ConfigError, PipelabError, WireError, listing
 from framework.nonfinite import NonFiniteError
+from framework.parent_death import die_with_parent
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.base import Runtime
+from framework.runtime.configs import LocalConfig, RemoteConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 from framework.runtime.control import COORDINATOR, CTL, TO_COORDINATOR, ctl_pack, ctl_unpack
 from framework.runtime.role_process import TRANSPORT_FAILED_EXIT, RoleFailed
-from framework.transport import Network
-from framework.runtime.configs import LocalConfig, RemoteConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
+from framework.transport import FAULTS, Network
 
 
 # ---- the coordinator -----------------------------------------------------------------------
@@ -85,8 +88,6 @@ class LocalRuntime(Runtime):
 
     def _report_transport_faults(self) -> None:
         """One line when any endpoint dropped or refused frames (summary.json has them per role)."""
-        from framework.transport import FAULTS
-
         parts = []
         back = {role: (st.get("transport") or {}).get("reconnects", 0) for role, st in sorted(self.process_stats.items())}
         if any(back.values()):
@@ -359,31 +360,7 @@ class RemoteRuntime(LocalRuntime):
     spawn_workers = False
 
 
-def _libc_prctl():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _libc_prctl()  # resolved now: a preexec_fn must not import or take locks
-
-
-def die_with_parent() -> None:
-    """preexec_fn of child processes (Linux): be sent SIGTERM when the parent dies, even by
-    SIGKILL, so a killed coordinator leaves no role processes or broker behind. Elsewhere the
-    roles notice the coordinator's MQTT last will instead."""
-    if _PRCTL is not None:
-        _PRCTL(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
-
-
 def _plain(cfg) -> dict:
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_container(cfg, resolve=True)
 
 

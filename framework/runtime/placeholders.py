@@ -10,14 +10,21 @@ same metrics at the same steps as without deferral.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 
 from framework.runtime.base import RuntimeHooks
 
-if TYPE_CHECKING:
-    from framework.runtime.deferred import DeferredCall
+
+class Producer(Protocol):
+    """What a placeholder waits for: a deferred call (framework.runtime.deferred.DeferredCall)."""
+
+    def result(self):
+        """The call's value, made now if it has not run yet (raises what the call raised)."""
+
+    def describe(self) -> str:
+        """The call, in words, for errors."""
 
 
 _SPECS: dict = {}  # (shape, dtype) -> a meta tensor of it (Pending.spec)
@@ -30,7 +37,7 @@ class Pending:
 
     __slots__ = ("call", "pick", "copy", "shape", "dtype", "device", "_value")
 
-    def __init__(self, call: DeferredCall, pick: int | str | None = None, shape=None, dtype=None, device=None, copy: bool = False):
+    def __init__(self, call: Producer, pick: int | str | None = None, shape=None, dtype=None, device=None, copy: bool = False):
         self.call, self.pick, self.copy = call, pick, copy
         self.shape = None if shape is None else torch.Size(shape)
         self.dtype, self.device = dtype, device

@@ -341,7 +341,7 @@ def process_age_s() -> float | None:
 
 
 def peak_rss_mib() -> float:
-    import resource
+    import resource  # POSIX only: the module stays importable where resource is missing
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from framework import checkpoint as ck
 from framework import torch_device
 from framework.clock import VirtualClockLoop, run_virtual
 from framework.cluster import Cluster
@@ -207,8 +208,6 @@ class SimRuntime(Runtime):
     def checkpoint(self, bag, prefix: str) -> dict:
         """Every role's state, the clock, the links' channels and loss generators, the timeline
         and torch's generator (the roles' dropout draws). Nothing may be in flight."""
-        from framework import checkpoint as ck
-
         busy = [n for n, q in self.device_queues.items() if not q.idle]
         pending = sorted({f"{src}->{dst} {tag}" for (src, dst, tag), box in self._mailboxes.items() if box.items})
         now = self.loop.time()
@@ -232,8 +231,6 @@ class SimRuntime(Runtime):
 
     def _restore(self, roles: dict) -> float:
         """Put the checkpoint's state back into freshly built `roles`; returns the clock."""
-        from framework import checkpoint as ck
-
         bag, desc, epoch = self._resume
         differ = set(roles) ^ set(desc["roles"])
         if differ:

@@ -9,15 +9,16 @@ import asyncio
 import time
 from collections import deque
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-from framework.cluster import Work
+from framework.clock import VirtualClockLoop
+from framework.cluster import Cluster, Work
 from framework.nonfinite import NonFiniteError
-from framework.runtime.base import RoleContext
+from framework.runtime.base import RoleContext, RuntimeHooks
+from framework.runtime.deferred import DeferredCompute
 from framework.runtime.placeholders import pending_in, resolve
-
-if TYPE_CHECKING:
-    from framework.runtime.sim import SimRuntime
+from framework.runtime.shared_processor import SharedProcessor
+from framework.timeline import Timeline
 
 
 class DeviceQueue:
@@ -74,8 +75,29 @@ class Mailbox:
         self.items.append(item)
 
 
+class SimHost(Protocol):
+    """What a role's context uses of the runtime that hosts it (framework.runtime.sim.SimRuntime):
+    the virtual clock, the device queues, the deferred work, the hooks and the timeline, and
+    message delivery between roles."""
+
+    loop: VirtualClockLoop
+    cluster: Cluster
+    device_queues: dict[str, DeviceQueue | SharedProcessor]
+    deferred: DeferredCompute | None  # identical replicas' work, batched (runtime.batch_replicas)
+    hooks: RuntimeHooks
+    timeline: Timeline
+
+    def states(self) -> dict[str, dict]: ...
+
+    def mailbox(self, src: str, dst: str, tag: str) -> Mailbox: ...
+
+    def send(self, src, dst, tag, payload, iteration, microbatch, reliable, retries=0, moved=False) -> None: ...
+
+    async def barrier(self, key, role: str, on_complete: Callable[[], None]) -> None: ...
+
+
 class SimContext(RoleContext):
-    def __init__(self, runtime: "SimRuntime", role: str, device_name: str):
+    def __init__(self, runtime: SimHost, role: str, device_name: str):
         self.rt = runtime
         self.role = role
         self.device_name = device_name

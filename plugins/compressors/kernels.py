@@ -20,7 +20,11 @@ torch.rand's float32). A resumed run draws the same numbers.
 from __future__ import annotations
 
 import numpy as np
+import torch
 from numba import njit
+
+from framework import wire
+from framework.codec import codec_class
 
 _JIT = dict(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 # Float64 reductions may be reordered (summed in vector lanes): the same machine always sums in
@@ -369,11 +373,6 @@ def warm() -> None:
     global _warm
     if _warm:
         return
-    import torch
-
-    from framework import wire
-    from framework.codec import codec_class
-
     x = torch.randn(17, 3, 4, generator=torch.Generator().manual_seed(0))
     for name, widths in (("mbq", (1, 2, 3, 4)), ("mbq_unpacked", (2,)), ("stochastic_uniform", (2, 4, 8)), ("onebit", (1,))):
         for bits in widths:

@@ -1,5 +1,8 @@
-"""Built-in latency predictors, declared (framework.registry.declare)."""
+"""Built-in latency predictors, declared (framework.registry.declare), and AccEPT's re-planning,
+the online half of its adaptive predictor, declared as the pipeline stages' epoch-end policy
+(framework.pipeline_epoch_end.declare)."""
 
+from framework import pipeline_epoch_end
 from framework.registry import declare
 from plugins.predictors.schemas import AcceptConfig, CapacityConfig, FlopsConfig, LutConfig, OracleConfig
 
@@ -13,3 +16,6 @@ declare("predictor", "capacity", "plugins.predictors.profiled:CapacityPredictor"
         doc="FTPipeHD's computing-power ratio: the central node's per-unit profile, scaled per device.")
 declare("predictor", "accept", "plugins.predictors.accept:AcceptPredictor", schema=AcceptConfig,
         doc="AccEPT's dual-stream MLP over a sub-model's units and the device's 10 representative times.")
+
+# AccEPT's dynamic prediction: stages report their times, stage 0 re-plans the cuts when one drifts past scheduler.replan_epsilon
+pipeline_epoch_end.declare("accept_replan", "plugins.predictors.accept_replan:Replanning", knobs=("replan_epsilon",))

@@ -29,9 +29,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
+from safetensors.torch import load_file, save_file
 
 from framework import profile_tables
 from framework.cluster import Device, Work
@@ -94,21 +97,14 @@ class AcceptPredictor(Predictor):
         mlp = LatencyPredictor(self.L, seed=int(self.cfg.seed), width=int(self.cfg.width))
         path = Path(str(self.cfg.cache_dir)).expanduser() / f"accept_{self._key(batch)}.safetensors" if self.cfg.cache_dir else None
         if path is not None and path.is_file():
-            from safetensors.torch import load_file
-
             mlp.load_tensors(load_file(str(path)))
         else:
-            import sys
-            import time
-
             t0 = time.perf_counter()
             print(f"predictor=accept: pre-training on {int(self.cfg.pool)} simulated devices x {len(self.subs)} sub-models at batch {batch} "
                   f"(once{'; cached in ' + str(path.parent) if path else ''})", file=sys.stderr, flush=True)
             mlp.fit(*self.pool_data(batch), epochs=int(self.cfg.epochs))
             print(f"predictor=accept: pre-trained in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             if path is not None:
-                from safetensors.torch import save_file
-
                 path.parent.mkdir(parents=True, exist_ok=True)
                 save_file(mlp.tensors(), str(path))
         self._mlp[batch] = mlp

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from framework.lean_torch import optimizers_without_dynamo
+
 
 class DualStream(nn.Module):
     def __init__(self, L: int, hw: int = 10, width: int = 128):
@@ -64,8 +66,6 @@ class LatencyPredictor:
         return self
 
     def _train(self, masks, hs, seconds, epochs: int, lr: float) -> None:
-        from framework.lean_torch import optimizers_without_dynamo
-
         optimizers_without_dynamo()  # Adam would import torch._dynamo (2-7 s) otherwise
         s, h = torch.from_numpy(masks.astype(np.float32)), self._h(hs)
         y = torch.from_numpy((np.log(seconds) - self.y_mean).astype(np.float32))

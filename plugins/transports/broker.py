@@ -37,6 +37,7 @@ from pathlib import Path
 
 from framework import faults, knobs
 from framework.errors import ConfigError
+from framework.parent_death import die_with_parent
 from plugins.transports import broker_check
 from plugins.transports.mqtt_config import BrokerConfig
 from plugins.transports.mqtt_credentials import PASSWORD_ENV
@@ -186,8 +187,6 @@ class Broker:
     def _start_once(self, timeout: float) -> str | None:
         """None once our mosquitto serves host:port; what holds the port if another process does
         (our mosquitto is then stopped). RuntimeError if mosquitto fails for another reason."""
-        from framework.runtime.local import die_with_parent
-
         # its own session: a Ctrl-C for the run must not stop the broker before the roles say goodbye
         self.proc = subprocess.Popen([self.exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                                      preexec_fn=die_with_parent, env=_broker_env())

@@ -53,9 +53,11 @@ import time
 import aiomqtt
 import xxhash
 from aiomqtt.exceptions import MqttConnectError
+from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
 from framework.transport import NAME_RE, Mailboxes, Network, Transport, TransportError, check_name
+from plugins.transports.broker import DEFAULT_HOST, DEFAULT_PORT, named, resolve, run_acl
 from plugins.transports.mqtt_config import BrokerConfig, MqttConfig, check_link, is_loopback, validate_config  # noqa: F401  (re-exported)
 from plugins.transports.mqtt_credentials import PASSWORD_ENV, RoleCredentials, RunSecrets, broker_password, load
 from plugins.transports.mqtt_delivery import ACK_INTERVAL_S, ACK_TAG, LostFilter, Outbox, decode_acks, encode_acks
@@ -166,8 +168,6 @@ class MqttTransport(Transport):
         return "/".join((self.cfg.topic_prefix, self.run_id, *levels))
 
     def _host_port(self) -> tuple[str, int]:
-        from plugins.transports.broker import DEFAULT_HOST, DEFAULT_PORT
-
         if self.address:
             return self.address.host, self.address.port
         b = self.cfg.broker
@@ -661,14 +661,10 @@ class MqttNetwork(Network):
         self.secrets: RunSecrets | None = None
 
     def private(self) -> bool:
-        from plugins.transports.broker import named
-
         b = self.cfg.broker
         return b.spawn == "always" or (b.spawn == "auto" and not named(b))
 
     def open(self, run_id: str, roles) -> None:
-        from plugins.transports.broker import resolve, run_acl
-
         cfg = self.cfg
         roles = list(roles)
         if self.private():
@@ -703,10 +699,6 @@ class MqttNetwork(Network):
                               "transport.credentials_file=<the file a runtime=remote coordinator wrote>): leave it null here")
 
     def worker_args(self) -> list[str]:
-        from omegaconf import OmegaConf
-
-        from plugins.transports.broker import DEFAULT_HOST, DEFAULT_PORT
-
         a = self.address or self.cfg.broker
         out = ["transport=mqtt"]
         for k, v in OmegaConf.to_container(self.cfg, resolve=True).items():

@@ -80,11 +80,11 @@ class Authenticator:
         self._status_key = hmac.digest(key, b"pipelab mqtt status key v3", "sha256")
         self._aead = self._hmac = None
         if algorithm == "gmac":
-            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # cryptography: start-up (the CLI imports this module; only a run whose frames carry MACs uses it)
 
             self._aead = AESGCM(frame_key)  # one object: no key setup per frame
         elif algorithm == "poly1305":
-            from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+            from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305  # cryptography: start-up
 
             self._aead = ChaCha20Poly1305(frame_key)
         else:

@@ -1,6 +1,7 @@
 """AdaLearner's planner (notes 2.3-2.8): how the global minibatch is split over n worker nodes,
 what one iteration's communication costs with fp32 and with 1-bit error feedback by the paper's
-formulas, and Algorithm 1 (corrected), which picks n, the slices and the architecture.
+formulas, and Algorithm 1 (corrected), which picks n, the slices and the architecture; and the
+plan a run takes (`AdaLearnerPlan`: plan.json).
 
 Pure functions over profiles: a caller gives each node's minibatch-to-time profile, the WLAN's
 bandwidth and wake-up latency, the codec speeds and the model's gradient size. The scheduler puts
@@ -33,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from framework.knobs import choices
+from framework.specs import Data, absent_when_none
 from plugins.schedulers.adalearner.schema import AdaLearnerConfig
 
 
@@ -145,9 +147,8 @@ class Estimate:
     comm_s: float  # what the estimate adds to the slowest slice's compute
     total_s: float  # one iteration
 
-    def as_dict(self) -> dict:
-        return {"n": self.n, "nodes": list(self.split.nodes), "sizes": list(self.split.sizes), "scheme": self.scheme,
-                "compute_s": self.split.compute_s, "comm_s": self.comm_s, "total_s": self.total_s}
+    def tried(self) -> Tried:
+        return Tried(self.n, self.split.nodes, self.split.sizes, self.scheme, self.split.compute_s, self.comm_s, self.total_s)
 
 
 @dataclass
@@ -196,3 +197,90 @@ def schedule(split, max_n: int, estimate, *, early_stop: bool = True, local=None
         if best is None or est.total_s < best.total_s:
             best = est
     return Schedule(best, tried)
+
+
+def worker_slices(samples: tuple[int, ...], batch: int) -> list[tuple[int, int]]:
+    """Each worker's [start, stop) of a global minibatch of `batch` samples, the plan's `samples`
+    per worker (a short last minibatch is split in the same proportions)."""
+    sizes = list(samples)
+    if batch != sum(sizes):
+        sizes = largest_remainder(batch, sizes)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [(a, a + s) for a, s in zip(starts, sizes)]
+
+
+# ---- the plan a run takes (plan.json) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tried(Data):
+    """One n Algorithm 1 looked at: its split, scheme and estimate."""
+
+    n: int
+    nodes: tuple[str, ...]
+    sizes: tuple[int, ...]
+    scheme: str
+    compute_s: float
+    comm_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class WorkerShare(Data):
+    """A chosen worker node: its device and its samples of every global minibatch."""
+
+    device: str
+    samples: int
+
+
+@dataclass(frozen=True)
+class LinkFacts(Data):
+    """Eq. 4's link inputs: B and D[j] (one worker's wake-ups and latencies per iteration)."""
+
+    bandwidth_Bps: float
+    wake_per_worker_s: float
+    shared_medium: bool
+
+
+@dataclass(frozen=True)
+class CodecSeconds(Data):
+    """Modelled seconds of one encode and one decode of a whole gradient."""
+
+    encode: float
+    decode: float
+
+
+@dataclass(frozen=True)
+class LookupTable(Data):
+    """Fig. 6's table: per device, the largest minibatch it finishes within each threshold."""
+
+    thresholds_s: tuple[float, ...]
+    batches: dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class AdaLearnerPlan(Data):
+    """Algorithm 1's choice for a run and what it estimated (plan.json; `summary.json` `plan`
+    without the lookup table)."""
+
+    scheduler: str
+    planner: str  # fifo | paper | paper_printed
+    scheme: str  # local (the GO alone), fp32 or onebit
+    n: int
+    workers: tuple[WorkerShare, ...]  # in FIFO tie order; none when local
+    estimate_s: float
+    compute_s: float
+    comm_s: float
+    go_update_s: float
+    predicted_iteration_s: float
+    predicted_epoch_s: float
+    local_iteration_s: float
+    tried: tuple[Tried, ...]
+    fp32_bytes: int
+    onebit_bytes: int | None  # None: the compressor codes no gradients
+    downlink_bytes: dict[str, int]  # per scheme: the answer's bytes
+    link: LinkFacts
+    codec_s: CodecSeconds
+    partition: str
+    architecture: str
+    lookup_table: LookupTable | None = absent_when_none()  # partition=lookup_table only

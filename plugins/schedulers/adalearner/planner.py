@@ -40,11 +40,11 @@ class Costs:
             "onebit": (ctx.compressor.packet_bytes(grads, tag=ctx.compressor.backward_tag), ctx.compressor.packet_bytes(sched.aggregate_meta(), tag="onebit_agg"))
             if self.codec else None,
         }
-        self.encode_s, self.decode_s = (sched._price_codec("encode"), sched._price_codec("decode")) if self.codec else (0.0, 0.0)
+        self.encode_s, self.decode_s = (sched.price_codec("encode"), sched.price_codec("decode")) if self.codec else (0.0, 0.0)
         self.iterations = ctx.iterations_per_epoch()
         samples = sched.samples_per_epoch()
         self.last_batch = samples - (self.iterations - 1) * self.W  # a short last minibatch, or W
-        self._fwd_bwd = {d: sched._profile(d) for d in [*sched.candidates, sched.go_device]}
+        self._fwd_bwd = {d: sched.profile(d) for d in [*sched.candidates, sched.go_device]}
 
     def compute_s(self, device: str, batch: int) -> float:
         return self._fwd_bwd[device](batch) if batch > 0 else 0.0
@@ -95,10 +95,10 @@ class Costs:
                             unquantize_Bps=fp32 / self.decode_s if self.decode_s > 0 else math.inf, mode=mode)
 
 
-def make_plan(s) -> dict:
+def make_plan(s) -> ap.AdaLearnerPlan:
     cfg, W = s.cfg, s.W
     costs = Costs(s)
-    prof = {d: s._profile(d) for d in s.candidates}
+    prof = {d: s.profile(d) for d in s.candidates}
     go_t = costs.compute_s(s.go_device, W)
     if cfg.partition == "linear":  # t(b) = a + b / C from two points (the profiles are linear in b)
         rate = {d: (W - 1) / max(p(W) - p(1), 1e-12) if W > 1 else 1.0 / max(p(1), 1e-12) for d, p in prof.items()}
@@ -149,17 +149,17 @@ def make_plan(s) -> dict:
         predicted = best.total_s + go_update
         epoch = predicted * costs.iterations
     comm = costs.paper_comm("eq4")
-    return {
-        "scheduler": "adalearner", "planner": cfg.planner, "scheme": best.scheme, "n": best.n,
-        "workers": [] if local else [{"device": d, "samples": n} for d, n in zip(best.split.nodes, best.split.sizes)],
-        "estimate_s": best.total_s, "compute_s": best.split.compute_s, "comm_s": best.comm_s, "go_update_s": go_update,
-        "predicted_iteration_s": predicted, "predicted_epoch_s": epoch,
-        "local_iteration_s": go_t + s.update_s(s.go_device, 1),
-        "tried": [e.as_dict() for e in sched.tried],
-        "fp32_bytes": costs.bytes["fp32"][0], "onebit_bytes": costs.bytes["onebit"][0] if costs.codec else None,
-        "downlink_bytes": {k: v[1] for k, v in costs.bytes.items() if v},
-        "link": {"bandwidth_Bps": comm.bandwidth_Bps, "wake_per_worker_s": comm.wake_s, "shared_medium": bool(s.ctx.cluster.cfg.shared_medium)},
-        "codec_s": {"encode": costs.encode_s, "decode": costs.decode_s},
-        "partition": cfg.partition, "architecture": cfg.architecture,
-        **({"lookup_table": {"thresholds_s": thresholds, "batches": table}} if table else {}),
-    }
+    return ap.AdaLearnerPlan(
+        scheduler="adalearner", planner=cfg.planner, scheme=best.scheme, n=best.n,
+        workers=() if local else tuple(ap.WorkerShare(d, n) for d, n in zip(best.split.nodes, best.split.sizes)),
+        estimate_s=best.total_s, compute_s=best.split.compute_s, comm_s=best.comm_s, go_update_s=go_update,
+        predicted_iteration_s=predicted, predicted_epoch_s=epoch,
+        local_iteration_s=go_t + s.update_s(s.go_device, 1),
+        tried=tuple(e.tried() for e in sched.tried),
+        fp32_bytes=costs.bytes["fp32"][0], onebit_bytes=costs.bytes["onebit"][0] if costs.codec else None,
+        downlink_bytes={k: v[1] for k, v in costs.bytes.items() if v},
+        link=ap.LinkFacts(comm.bandwidth_Bps, comm.wake_s, bool(s.ctx.cluster.cfg.shared_medium)),
+        codec_s=ap.CodecSeconds(costs.encode_s, costs.decode_s),
+        partition=cfg.partition, architecture=cfg.architecture,
+        lookup_table=ap.LookupTable(tuple(thresholds), {d: tuple(b) for d, b in table.items()}) if table else None,
+    )

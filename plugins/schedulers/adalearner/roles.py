@@ -9,22 +9,49 @@
   with).
 
 Everything a role learns from another travels as a message, so the same roles run on the
-simulator and as processes over MQTT.
+simulator and as processes over MQTT. A role is built from its spec (what the plan decided for
+it: `GroupOwnerSpec`, `WorkerSpec`) and the run's parts (framework.scheduler.SchedulerContext).
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import torch
 
 from framework import checkpoint as ck
 from framework.cluster import Work
-from framework.scheduler import Role
+from framework.scheduler import Role, SchedulerContext
+from framework.specs import RoleSpec
 from framework.stage import Stage
+from plugins.schedulers.adalearner.gradients import aggregate_meta, decode_aggregate, gradient_codec, meta_grads, own_model, param_shapes
+from plugins.schedulers.adalearner.plan import worker_slices
 
 WEIGHTS = "weights"  # fp32: the updated parameters, GO -> WN
 ONEBIT_AGG = "onebit_agg"  # 1-bit: the re-quantized sum (bits and scalars per tensor), GO -> WN
+
+
+@dataclass(frozen=True)
+class GroupOwnerSpec(RoleSpec):
+    """The group owner's part of the plan."""
+
+    workers: tuple[str, ...]  # the worker roles, in FIFO tie order; none: the GO trains alone
+    scheme: str  # local, fp32 or onebit
+    up_tag: str  # the tag the workers' gradients come under
+    update_s: float  # its sum of the workers' gradients and its step (the scheduler's price)
+    encode_s: float  # 1-bit: its second quantization of the sum (the plan's codec price)
+
+
+@dataclass(frozen=True)
+class WorkerSpec(RoleSpec):
+    """A worker node's part of the plan."""
+
+    index: int  # its place among the workers (its slice of every global minibatch)
+    samples: tuple[int, ...]  # every worker's samples per global minibatch, in that order
+    scheme: str  # fp32 or onebit
+    up_tag: str  # the tag its gradient goes under
+    decode_s: float  # 1-bit: its decode of the GO's answer (the plan's codec price)
 
 
 async def in_arrival_order(ctx, sources: list[str], tag: str) -> tuple[list[str], dict]:
@@ -42,12 +69,37 @@ async def in_arrival_order(ctx, sources: list[str], tag: str) -> tuple[list[str]
     return order, got
 
 
-def _grads(stage: Stage, sched) -> dict[str, torch.Tensor]:
-    """The stage's parameter gradients by name (zeros where none: an empty slice), cleared."""
-    if not sched.numerics:
-        return sched.meta_grads()
+class _Replica(Role):
+    """A role holding a replica of the whole model, built from its spec and the run's parts."""
+
+    def __init__(self, spec, parts: SchedulerContext):
+        self.spec, self.parts = spec, parts
+        self.device = spec.device
+        self.numerics, self.dtype = parts.numerics, parts.dtype
+        self.shapes = param_shapes(parts.model)
+        self.model = own_model(parts)
+        self.stage = Stage(self.model, 0, len(parts.model), parts.optimizer, numerics=self.numerics)
+        self.it = 0
+
+    @property
+    def codec(self):
+        return gradient_codec(self.parts.compressor)
+
+    def checkpoint(self, bag, prefix: str) -> dict:
+        """Its model, its stage's optimizer state and counters, and its iteration count."""
+        return {"it": self.it, **ck.model_and_stage(bag, prefix, self.model, self.stage, self.numerics)}
+
+    def restore(self, bag, desc: dict) -> None:
+        ck.load_model_and_stage(bag, desc, self.model, self.stage, self.numerics)
+        self.it = int(desc["it"])
+
+
+def _grads(role: _Replica) -> dict[str, torch.Tensor]:
+    """The role's parameter gradients by name (zeros where none: an empty slice), cleared."""
+    if not role.numerics:
+        return meta_grads(role.shapes, role.dtype)
     out = {}
-    for n, p in stage.params.items():
+    for n, p in role.stage.params.items():
         out[n] = p.grad if p.grad is not None else torch.zeros_like(p)
         p.grad = None
     return out
@@ -60,44 +112,40 @@ def _set_grads(stage: Stage, grads: dict[str, torch.Tensor]) -> None:
         p.grad = grads[n].to(p.device, p.dtype)
 
 
-class GroupOwner(Role):
-    def __init__(self, sched):
-        self.sched = sched
-        self.device = sched.go_device
-        self.model = sched.own_model()
-        self.stage = Stage(self.model, 0, sched.Q, sched.ctx.optimizer, numerics=sched.numerics)
+class GroupOwner(_Replica):
+    def __init__(self, spec: GroupOwnerSpec, parts: SchedulerContext):
+        super().__init__(spec, parts)
         self.streams: dict = {}  # the second quantization's error feedback, per tensor
-        self.it = 0
         self.iteration_s: list[float] = []
         self.arrivals: list[list[str]] = []  # FIFO order of the first iterations (for the summary)
 
     def state(self) -> dict:
-        return {k: v.detach() for k, v in self.model.state_dict().items()} if self.sched.numerics else {}
+        return {k: v.detach() for k, v in self.model.state_dict().items()} if self.numerics else {}
 
     def stats(self) -> dict:
         return {"iteration_s": self.iteration_s, "fifo_order": self.arrivals}
 
     async def run(self, ctx) -> None:
-        s = self.sched
-        workers = [r for r, _, _ in s.workers()]
-        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
-            n_its = len(s.ctx.train_batches(epoch))
+        spec, parts = self.spec, self.parts
+        workers = list(spec.workers)
+        for epoch in range(self.first_epoch, parts.cfg.train.epochs):
+            n_its = len(parts.train_batches(epoch))
             for i in range(n_its):
                 t0 = ctx.now()
                 if not workers:
                     samples = await self.train_alone(ctx, epoch, i)
                 else:
-                    samples = len(s.ctx.train_batches(epoch)[i][1])
-                    order, got = await in_arrival_order(ctx, workers, s.up_tag)
+                    samples = len(parts.train_batches(epoch)[i][1])
+                    order, got = await in_arrival_order(ctx, workers, spec.up_tag)
                     if len(self.arrivals) < 8:
                         self.arrivals.append(order)
-                    work = Work("update", seconds=s.update_s(self.device, len(workers)))
+                    work = Work("update", seconds=spec.update_s)
                     await ctx.compute(work, self.update, [got[w] for w in order], iteration=self.it)
-                    if s.scheme == "fp32":
+                    if spec.scheme == "fp32":
                         for w in order:
                             ctx.send(w, WEIGHTS, self.weights(), iteration=self.it)
                     else:
-                        packet = await ctx.compute(Work("encode", seconds=s.codec_s("encode")), self.requantize, iteration=self.it)
+                        packet = await ctx.compute(Work("encode", seconds=spec.encode_s), self.requantize, iteration=self.it)
                         for w in order:
                             ctx.send(w, ONEBIT_AGG, packet, iteration=self.it)
                 self.it += 1
@@ -107,10 +155,10 @@ class GroupOwner(Role):
 
     async def train_alone(self, ctx, epoch: int, i: int) -> int:
         """n = 1: the GO's own minibatch SGD step."""
-        s, st = self.sched, self.stage
-        x, y = s.ctx.train_batches(epoch)[i]
+        st = self.stage
+        x, y = self.parts.train_batches(epoch)[i]
         out = await ctx.compute(st.fwd_work(len(y)), st.forward, x, self.it, y, 1.0 / len(y), iteration=self.it)
-        if s.numerics:
+        if self.numerics:
             ctx.report_train(*out)
         await ctx.compute(st.bwd_work(len(y)), st.backward, self.it, iteration=self.it)
         await ctx.compute(st.step_work(), st.step, iteration=self.it)
@@ -119,29 +167,27 @@ class GroupOwner(Role):
     def update(self, grads: list[dict]) -> None:
         """The sum of the workers' gradients (their losses are already over the global minibatch);
         fp32 steps with it; 1-bit keeps it for `requantize`."""
-        s = self.sched
-        if not s.numerics:
+        if not self.numerics:
             return
-        total = {n: sum(g[n].to(s.dtype) for g in grads) for n in grads[0]}
-        if s.scheme == "fp32":
+        total = {n: sum(g[n].to(self.dtype) for g in grads) for n in grads[0]}
+        if self.spec.scheme == "fp32":
             _set_grads(self.stage, total)
             self.stage.step()
         else:
             self._sum = total
 
     def weights(self) -> dict[str, torch.Tensor]:
-        if not self.sched.numerics:
-            return self.sched.meta_grads()
+        if not self.numerics:
+            return meta_grads(self.shapes, self.dtype)
         return {n: p.detach() for n, p in self.stage.params.items()}
 
     def requantize(self) -> dict[str, torch.Tensor]:
         """Eq. 5-6 at the GO: the sum (plus the GO's residual) through the run's codec, once for
         all workers; the GO steps its replica with what the workers will decode."""
-        s = self.sched
-        codec = s.codec
-        if not s.numerics:
+        codec = self.codec
+        if not self.numerics:
             self.stage.finish_step()
-            return s.aggregate_meta()
+            return aggregate_meta(codec, self.shapes)
         out, decoded = {}, {}
         for n, g in self._sum.items():
             enc = codec.encode(g, self.streams.setdefault(n, {}))
@@ -154,75 +200,43 @@ class GroupOwner(Role):
         return out
 
     def checkpoint(self, bag, prefix: str) -> dict:
-        out = _replica_checkpoint(self, bag, prefix)
+        out = super().checkpoint(bag, prefix)
         out["streams"] = {n: bag.put(f"{prefix}.stream.{n}", st) for n, st in self.streams.items()}
         out["iteration_s"], out["arrivals"] = self.iteration_s, self.arrivals
         return out
 
     def restore(self, bag, desc: dict) -> None:
-        _replica_restore(self, bag, desc)
+        super().restore(bag, desc)
         self.streams = {n: bag.take(d) for n, d in desc["streams"].items()}
         self.iteration_s, self.arrivals = list(desc["iteration_s"]), [list(o) for o in desc["arrivals"]]
 
 
-def _replica_checkpoint(role, bag, prefix: str) -> dict:
-    """A role's model, its stage's optimizer state and counters, and its iteration count."""
-    return {"it": role.it, **ck.model_and_stage(bag, prefix, role.model, role.stage, role.sched.numerics)}
-
-
-def _replica_restore(role, bag, desc: dict) -> None:
-    ck.load_model_and_stage(bag, desc, role.model, role.stage, role.sched.numerics)
-    role.it = int(desc["it"])
-
-
-def decode_aggregate(sched, packet: dict) -> dict[str, torch.Tensor]:
-    """The GO's 1-bit sum, per tensor, as a worker decodes it (a malformed packet: WireError), on
-    the CPU, where the codecs run (a message's tensors arrive where the roles' tensor work runs:
-    on a GPU run, its bytes come back from there)."""
-    codec_cls = type(sched.codec)
-    out = {}
-    for n, shape in sched.param_shapes().items():
-        meta = packet[f"{n}.meta"].cpu().numpy().tobytes()
-        bits = packet[f"{n}.bits"].cpu().numpy()
-        out[n] = codec_cls.decode(meta, memoryview(bits), shape, sched.dtype)
-    return out
-
-
-class Worker(Role):
-    def __init__(self, sched, i: int):
-        self.sched, self.i = sched, i
-        self.name, self.device, _ = sched.workers()[i]
-        self.model = sched.own_model()
-        self.stage = Stage(self.model, 0, sched.Q, sched.ctx.optimizer, numerics=sched.numerics)
-        self.it = 0
+class Worker(_Replica):
+    def __init__(self, spec: WorkerSpec, parts: SchedulerContext):
+        super().__init__(spec, parts)
+        self.i, self.name = spec.index, spec.role
 
     async def run(self, ctx) -> None:
-        s, st = self.sched, self.stage
-        for epoch in range(self.first_epoch, s.ctx.cfg.train.epochs):
-            for x, y in s.ctx.train_batches(epoch):
-                a, b = s.slices(len(y))[self.i]
+        spec, parts, st = self.spec, self.parts, self.stage
+        for epoch in range(self.first_epoch, parts.cfg.train.epochs):
+            for x, y in parts.train_batches(epoch):
+                a, b = worker_slices(spec.samples, len(y))[self.i]
                 if b > a:
                     out = await ctx.compute(st.fwd_work(b - a), st.forward, x[a:b], self.it, y[a:b], 1.0 / len(y), iteration=self.it)
-                    if s.numerics:
+                    if self.numerics:
                         ctx.report_train(*out)
                     await ctx.compute(st.bwd_work(b - a), st.backward, self.it, iteration=self.it)
-                ctx.send("go", s.up_tag, _grads(st, s), iteration=self.it)
-                if s.scheme == "fp32":
+                ctx.send("go", spec.up_tag, _grads(self), iteration=self.it)
+                if spec.scheme == "fp32":
                     w = await ctx.recv("go", WEIGHTS)
-                    if s.numerics:
+                    if self.numerics:
                         self.load(w)
                 else:
                     packet = await ctx.recv("go", ONEBIT_AGG)
-                    agg = await ctx.compute(Work("decode", seconds=s.codec_s("decode")), self.decode, packet, iteration=self.it)
+                    agg = await ctx.compute(Work("decode", seconds=spec.decode_s), self.decode, packet, iteration=self.it)
                     await ctx.compute(st.step_work(), self.step, agg, iteration=self.it)
                 self.it += 1
             await ctx.end_epoch(epoch)
-
-    def checkpoint(self, bag, prefix: str) -> dict:
-        return _replica_checkpoint(self, bag, prefix)
-
-    def restore(self, bag, desc: dict) -> None:
-        _replica_restore(self, bag, desc)
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -230,7 +244,7 @@ class Worker(Role):
                 p.copy_(weights[n])
 
     def decode(self, packet: dict):
-        return decode_aggregate(self.sched, packet) if self.sched.numerics else None
+        return decode_aggregate(self.codec, self.shapes, self.dtype, packet) if self.numerics else None
 
     def step(self, agg) -> None:
         if agg is not None:

@@ -42,8 +42,10 @@ from framework.cluster import Work
 from framework.errors import ConfigError, listing
 from framework.models import clone_module
 from framework.scheduler import Scheduler
-from framework.specs import RoleSpec
-from plugins.schedulers.adalearner import plan as ap
+from plugins.schedulers.adalearner.gradients import aggregate_meta, gradient_codec, meta_grads, param_shapes
+from plugins.schedulers.adalearner.plan import AdaLearnerPlan
+from plugins.schedulers.adalearner.planner import make_plan
+from plugins.schedulers.adalearner.roles import GroupOwner, GroupOwnerSpec, Worker, WorkerSpec
 
 
 class AdaLearner(Scheduler):
@@ -62,7 +64,7 @@ class AdaLearner(Scheduler):
         self._check_config()
         self.W = int(ctx.cfg.train.batch_size)
         self.Q = len(ctx.model)
-        self._plan = ctx.plan
+        self._plan = None if ctx.plan is None else AdaLearnerPlan.from_json(ctx.plan)
         self._eval = None
         self._shapes = None
 
@@ -80,49 +82,35 @@ class AdaLearner(Scheduler):
             elif ctx.compressor.time_cfg.model == "measured":
                 raise ConfigError("compressor.time.model", "scheduler=adalearner plans with the codec's modelled speed (Eq. 8); use linear or none, not measured")
 
-    # ---- what the roles share -------------------------------------------------------------------
+    # ---- what the roles and the planner share ------------------------------------------------------
 
     @property
     def codec(self):
         """The codec of the 1-bit architecture (the compressor's gradient codec), or None."""
-        return self.ctx.compressor.codec(self.ctx.compressor.backward_tag)
+        return gradient_codec(self.ctx.compressor)
 
     @property
     def up_tag(self) -> str:
-        return self.ctx.compressor.backward_tag if self.scheme == "onebit" else "fp32_grad"
-
-    @property
-    def scheme(self) -> str:
-        return self.plan()["scheme"]
+        """The tag of the workers' gradients: the compressor's gradient tag with 1-bit, else raw fp32."""
+        return self.ctx.compressor.backward_tag if self.typed_plan().scheme == "onebit" else "fp32_grad"
 
     def workers(self) -> list[tuple[str, str, int]]:
         """(role, device, samples per global minibatch) of each worker node, FIFO tie order."""
-        return [(f"wn{i}", w["device"], int(w["samples"])) for i, w in enumerate(self.plan()["workers"])]
-
-    def slices(self, batch: int) -> list[tuple[int, int]]:
-        """Each worker's [start, stop) of a global minibatch of `batch` samples (a short last
-        minibatch is split in the same proportions)."""
-        sizes = [s for _, _, s in self.workers()]
-        if batch != sum(sizes):
-            sizes = ap.largest_remainder(batch, sizes)
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        return [(a, a + s) for a, s in zip(starts, sizes)]
+        return [(f"wn{i}", w.device, int(w.samples)) for i, w in enumerate(self.typed_plan().workers)]
 
     def param_shapes(self) -> dict[str, tuple]:
-        """The whole model's parameters by the names a role's Stage gives them."""
+        """The whole model's parameter shapes (adalearner.gradients), read once."""
         if self._shapes is None:
-            self._shapes = {n: tuple(p.shape) for n, p in self.ctx.model.slice(0, self.Q).named_parameters()}
+            self._shapes = param_shapes(self.ctx.model)
         return self._shapes
 
     def meta_grads(self) -> dict[str, torch.Tensor]:
-        return {n: torch.empty(s, dtype=self.dtype, device="meta") for n, s in self.param_shapes().items()}
+        """A whole gradient as meta tensors: what the planner prices messages with."""
+        return meta_grads(self.param_shapes(), self.dtype)
 
-    def codec_s(self, kind: str) -> float:
-        """Modelled seconds of one encode or decode of a whole gradient: priced once, in the plan."""
-        return float(self.plan()["codec_s"][kind])
-
-    def _price_codec(self, kind: str) -> float:
-        """The compressor's time model for one encode or decode of a whole gradient."""
+    def price_codec(self, kind: str) -> float:
+        """The compressor's time model for one encode or decode of a whole gradient (the plan
+        keeps the price: `codec_s`)."""
         return float(self.ctx.compressor.codec_estimate(kind, self.ctx.compressor.backward_tag, self.meta_grads()) or 0.0)
 
     def update_s(self, device: str, n: int) -> float:
@@ -131,55 +119,48 @@ class AdaLearner(Scheduler):
         return step * (1 + max(0, n - 1) / 4)
 
     def aggregate_meta(self) -> dict[str, torch.Tensor]:
-        """The 1-bit answer's tensors (each parameter's scalars and bits, uint8) as meta tensors."""
-        out = {}
-        for n, shape in self.param_shapes().items():
-            meta_n, payload_n = self.codec.wire_size(shape)
-            out[f"{n}.meta"] = torch.empty(meta_n, dtype=torch.uint8, device="meta")
-            out[f"{n}.bits"] = torch.empty(payload_n, dtype=torch.uint8, device="meta")
-        return out
-
-    def own_model(self):
-        return clone_module(self.ctx.model) if self.numerics else self.ctx.model
+        """The 1-bit answer's tensors as meta tensors (the planner prices the downlink with them)."""
+        return aggregate_meta(self.codec, self.param_shapes())
 
     # ---- the plan (Algorithm 1) -------------------------------------------------------------------
 
-    def _profile(self, device: str):
+    def profile(self, device: str):
         """t(b): the device's forward + backward of the whole model on b samples (the predictor)."""
         dev = self.ctx.cluster.device(device)
         pred = self.ctx.predictor
         return lambda b: sum(pred.predict(dev, Work(k, 0, self.Q, b)) for k in ("fwd", "bwd"))
 
-    def plan(self) -> dict:
+    def typed_plan(self) -> AdaLearnerPlan:
+        """The plan: Algorithm 1's search on first use, or the one the coordinator shipped."""
         if self._plan is None:
-            self._plan = self._make_plan()
+            self._plan = make_plan(self)
         return self._plan
 
+    def plan(self) -> dict:
+        return self.typed_plan().to_json()
+
     def planned_epoch_s(self) -> float:
-        return float(self.plan()["predicted_epoch_s"])
-
-    def _make_plan(self) -> dict:
-        from plugins.schedulers.adalearner.planner import make_plan
-
-        return make_plan(self)
+        return float(self.typed_plan().predicted_epoch_s)
 
     # ---- roles --------------------------------------------------------------------------------------
 
     def role_devices(self) -> dict[str, str]:
         return {"go": self.go_device, **{r: d for r, d, _ in self.workers()}}
 
-    def role_spec(self, role: str) -> RoleSpec:
-        return RoleSpec(role, self.role_devices()[role])  # issue 45: the role's slice of the plan moves here
+    def role_spec(self, role: str) -> GroupOwnerSpec | WorkerSpec:
+        pl, device = self.typed_plan(), self.role_devices()[role]
+        names = [r for r, _, _ in self.workers()]
+        if role == "go":
+            return GroupOwnerSpec(role, device, tuple(names), pl.scheme, self.up_tag, self.update_s(device, len(names)), float(pl.codec_s.encode))
+        return WorkerSpec(role, device, names.index(role), tuple(s for _, _, s in self.workers()), pl.scheme, self.up_tag, float(pl.codec_s.decode))
 
     def role_from_spec(self, role: str, spec: dict):
-        from plugins.schedulers.adalearner.roles import GroupOwner, Worker
-
-        if role == "go":
-            return GroupOwner(self)
         names = [r for r, _, _ in self.workers()]
+        if role == "go":
+            return GroupOwner(GroupOwnerSpec.from_json(spec), self.ctx)
         if role not in names:
             raise KeyError(f"no role {role!r}; roles: go, {listing(names)}")
-        return Worker(self, names.index(role))
+        return Worker(WorkerSpec.from_json(spec), self.ctx)
 
     def eval_model(self, states: dict[str, dict]):
         if self._eval is None:
@@ -189,14 +170,14 @@ class AdaLearner(Scheduler):
         return self._eval
 
     def report(self, total: float, timeline, role_stats: dict[str, dict], dropouts: list[dict]) -> dict:
-        pl = self.plan()
+        pl = self.typed_plan()
         go = role_stats.get("go", {})
         its = go.get("iteration_s", [])
         measured = sum(its) / len(its) if its else 0.0
-        plan = {k: v for k, v in pl.items() if k not in ("lookup_table",)}
-        summary = {"plan": plan, "iteration_s": {"mean": measured, "predicted": pl["predicted_iteration_s"], "iterations": len(its)}}
-        metrics = {"plan/n": pl["n"], "plan/predicted_iteration_s": pl["predicted_iteration_s"], "adalearner/iteration_s": measured}
+        plan = {k: v for k, v in pl.to_json().items() if k != "lookup_table"}
+        summary = {"plan": plan, "iteration_s": {"mean": measured, "predicted": pl.predicted_iteration_s, "iterations": len(its)}}
+        metrics = {"plan/n": pl.n, "plan/predicted_iteration_s": pl.predicted_iteration_s, "adalearner/iteration_s": measured}
         if measured > 0:
-            metrics["adalearner/speedup_vs_local"] = pl["local_iteration_s"] / measured
-            metrics["adalearner/estimate_error"] = measured / pl["predicted_iteration_s"] - 1.0
+            metrics["adalearner/speedup_vs_local"] = pl.local_iteration_s / measured
+            metrics["adalearner/estimate_error"] = measured / pl.predicted_iteration_s - 1.0
         return {"summary": summary, "metrics": metrics}

@@ -17,8 +17,10 @@ Decisions:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from framework.errors import ConfigError
+from framework.specs import Data
 from plugins.schedulers.edgepipe import timing
 
 
@@ -30,15 +32,27 @@ def check(cfg, run_cfg) -> None:
         raise ConfigError("train.epochs", f"scheduler.budget_min={cfg.budget_min} sets the minibatches trained (across data epochs); set train.epochs=1, got {run_cfg.train.epochs}")
 
 
-def budget_plan(p, budget_min: float, pipeline: bool, slot_s: float, per_epoch: int) -> dict:
-    """What the budget buys on this slot clock (recorded in plan.json under `budget`)."""
+@dataclass(frozen=True)
+class Budget(Data):
+    """What the budget buys on the run's slot clock (plan.json `budget`)."""
+
+    budget_min: float
+    minibatches: int
+    slots: int
+    predicted_s: float
+    data_epochs: int
+    paper_epoch_step: tuple[int, int]  # the last minibatch as the paper counts: epoch e, step s
+    minibatches_per_data_epoch: int
+
+
+def budget_plan(p, budget_min: float, pipeline: bool, slot_s: float, per_epoch: int) -> Budget:
+    """What the budget buys on this slot clock."""
     n = timing.minibatches_in_budget(p, budget_min * 60.0, pipeline, slot_s)
     if n < 1:
         raise ValueError(f"{budget_min} min holds {int(budget_min * 60 / slot_s)} slots of {slot_s:.6g} s; the first minibatch alone needs {timing.slots_for(p, 1, pipeline)}")
     slots = timing.slots_for(p, n, pipeline)
     epoch = (n - 1) // per_epoch + 1
-    return {"budget_min": float(budget_min), "minibatches": n, "slots": slots, "predicted_s": slots * slot_s,
-            "data_epochs": math.ceil(n / per_epoch), "paper_epoch_step": [epoch, n - (epoch - 1) * per_epoch], "minibatches_per_data_epoch": per_epoch}
+    return Budget(float(budget_min), n, slots, slots * slot_s, math.ceil(n / per_epoch), (epoch, n - (epoch - 1) * per_epoch), per_epoch)
 
 
 class BudgetData:

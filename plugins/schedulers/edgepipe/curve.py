@@ -23,9 +23,13 @@ Decisions:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from framework.specs import Data
+from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
 SNAP_SLOTS = "snap_slots"
 
@@ -45,18 +49,28 @@ def grid(every_min: float, slot_s: float, total_slots: int) -> list[int]:
     return out + [total_slots]
 
 
-def plan(cfg, slot_s: float, slots_per_epoch: int, epochs: int) -> dict | None:
+@dataclass(frozen=True)
+class EvalGrid(Data):
+    """When the curve's snapshots are taken and how each is tested (plan.json `eval`)."""
+
+    every_min: float
+    passes: int  # lossy test passes per snapshot
+    at_slots: tuple[int, ...]  # the slot boundaries of the snapshots, the run's end last
+    at_s: tuple[float, ...]
+
+
+def plan(cfg, slot_s: float, slots_per_epoch: int, epochs: int) -> EvalGrid | None:
     """The plan's `eval` entry (None without a curve)."""
     if cfg.eval_every_min is None:
         return None
     at = grid(float(cfg.eval_every_min), slot_s, slots_per_epoch * epochs)
-    return {"every_min": float(cfg.eval_every_min), "passes": int(cfg.eval_passes), "at_slots": at, "at_s": [b * slot_s for b in at]}
+    return EvalGrid(float(cfg.eval_every_min), int(cfg.eval_passes), tuple(at), tuple(b * slot_s for b in at))
 
 
 class Snapshots:
     """One role's snapshots at the plan's slot boundaries."""
 
-    def __init__(self, at_slots: list[int]):
+    def __init__(self, at_slots: tuple[int, ...]):
         self.at = list(at_slots)
         self.taken: list[tuple[dict, dict]] = []
 
@@ -100,19 +114,18 @@ def lossless_acc(layers, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((a.argmax(1) == y).double().mean())
 
 
-def curve(partition, states: dict[str, dict], like, eval_plan: dict, slot_s: float, x, y, sn_prr: np.ndarray, seed: int) -> dict:
+def curve(partition, states: dict[str, dict], like, eval_plan: EvalGrid, slot_s: float, x, y, sn_prr: np.ndarray, seed: int) -> dict:
     """Every snapshot's lossy test (its own seed: [seed, k]) and lossless accuracy."""
-    from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
     n = min(len(st[SNAP_SLOTS]) for st in states.values())
-    at = eval_plan["at_slots"][:n]
+    at = list(eval_plan.at_slots[:n])
     for role, st in states.items():
         if st[SNAP_SLOTS].tolist()[:n] != at:
             raise ValueError(f"{role}'s snapshots are at slots {st[SNAP_SLOTS].tolist()[:n]}, not the plan's {at}")
-    out = {"passes": eval_plan["passes"], "slots": at, "t_min": [b * slot_s / 60.0 for b in at], "lossy_mean": [], "lossy_std": [], "acc": []}
+    out = {"passes": eval_plan.passes, "slots": at, "t_min": [b * slot_s / 60.0 for b in at], "lossy_mean": [], "lossy_std": [], "acc": []}
     for k in range(n):
         layers = layers_at(partition, states, k, like)
-        res = lossy_test(partition, layers, x, y, sn_prr, eval_plan["passes"], [seed, k])
+        res = lossy_test(partition, layers, x, y, sn_prr, eval_plan.passes, [seed, k])
         out["lossy_mean"].append(res["mean"])
         out["lossy_std"].append(res["std"])
         out["acc"].append(lossless_acc(layers, x, y))

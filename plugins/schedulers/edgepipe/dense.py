@@ -1,5 +1,6 @@
 """The MLP as EdgePipe sees it: one dense layer per unit, split by neurons into super neurons.
-Used by the scheduler (planning, evaluation) and by the roles (their layer's weights)."""
+Used by the scheduler (planning, evaluation) and by the roles (their layer's weights, their ops'
+work)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import torch
 from torch import nn
 
+from framework.cluster import Work
 from framework.errors import ConfigError
 
 
@@ -40,3 +42,19 @@ def glorot_init(model, seed: int) -> None:
         w = torch.rand(lin.weight.shape, generator=g, dtype=torch.float64) * (2 * bound) - bound
         lin.weight.copy_(w.to(lin.weight.dtype))
         lin.bias.zero_()
+
+
+def op_works(chunks, sizes, batch: int) -> dict:
+    """{(op, layer): [Work, ...]} of a super neuron with `chunks` ((layer, lo, hi), ...) of an MLP
+    of `sizes` neurons per layer: FW = its chunk's forward; BW = the chunk's backward (weight
+    gradient, partial products), then its SGD step. A chunk of layer l is `share` = its neurons /
+    the layer's of unit l - 2, priced as layer work is (the input layer, l = 1, computes nothing)."""
+    out = {}
+    for layer, lo, hi in chunks:
+        if layer < 2:
+            out[("FW", layer)], out[("BW", layer)] = [], []
+            continue
+        u, share = layer - 2, (hi - lo) / sizes[layer - 1]
+        out[("FW", layer)] = [Work("fwd", u, u + 1, batch, share=share)]
+        out[("BW", layer)] = [Work("bwd", u, u + 1, batch, share=share), Work("step", u, u + 1, 0, share=share)]
+    return out

@@ -11,7 +11,8 @@ functions:
 
 Layers are numbered 1..L with layer 1 the input (the paper counts it). A super neuron's index s
 runs over groups, input side first, then over h within a group; s is also the device the
-identity mapping puts it on ("Dev s+1" in the paper's Fig. 2(b)).
+identity mapping puts it on ("Dev s+1" in the paper's Fig. 2(b)). A partition is JSON data
+(framework.specs.Data): every super neuron's role spec carries it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from framework.knobs import choices
+from framework.specs import Data
 from plugins.schedulers.edgepipe.schema import SuperNeuronConfig
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ ROUNDINGS = choices(SuperNeuronConfig, "rounding")
 
 
 @dataclass(frozen=True)
-class SuperNeuron:
+class SuperNeuron(Data):
     index: int  # s, 0-based
     group: int  # w, 1-based, input side first
     h: int  # 1-based position within the group
@@ -45,7 +47,7 @@ class SuperNeuron:
 
 
 @dataclass(frozen=True)
-class Partition:
+class Partition(Data):
     kind: str  # the class asked for
     sizes: tuple[int, ...]  # neurons per layer, input layer first
     n_devices: int

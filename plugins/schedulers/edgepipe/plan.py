@@ -1,23 +1,116 @@
 """EdgePipe's plan (plugins.schedulers.edgepipe.scheduler explains it): the links' PRR, the mapping of
-super neurons to devices, the slot length and the plan dict written to plan.json."""
+super neurons to devices, the slot length, and the typed plan written to plan.json
+(`EdgePipePlan`; its budget and curve parts are edgepipe.budget's and edgepipe.curve's)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from framework import wire
 from framework.errors import ConfigError
+from framework.specs import Data, absent_when_none
 from plugins.schedulers.edgepipe import budget, channel, curve, mapping, recovery, timing
 from plugins.schedulers.edgepipe import partition as part
+from plugins.schedulers.edgepipe.budget import Budget
+from plugins.schedulers.edgepipe.curve import EvalGrid
 
 log = logging.getLogger("plugins.schedulers.edgepipe.scheduler")
 
 
+@dataclass(frozen=True)
+class SuperNeuronFacts(Data):
+    sn: int
+    group: int
+    h: int
+    device: str  # where the mapping puts it
+    chunks: tuple[tuple[int, int, int], ...]  # (layer, lo, hi)
+
+
+@dataclass(frozen=True)
+class PartitionFacts(Data):
+    """Algorithm 1's partition as plan.json records it (its class under the key `class`)."""
+
+    kind: str  # the class asked for
+    effective_class: str
+    sizes: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
+    devices_per_group: tuple[int, ...]
+    m_layers: int
+    P: int
+    notes: tuple[str, ...]
+    super_neurons: tuple[SuperNeuronFacts, ...]
+
+    def to_json(self) -> dict:
+        d = super().to_json()
+        return {"class": d.pop("kind"), **d}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PartitionFacts":
+        d = dict(data)
+        d["kind"] = d.pop("class")
+        return super().from_json(d)
+
+
+@dataclass(frozen=True)
+class MappingFacts(Data):
+    method: str
+    perm: tuple[int, ...]  # super neuron s runs on the run's device perm[s]
+    score: float
+    evaluated: int
+    devices: dict[str, str]  # role -> device
+
+
+@dataclass(frozen=True)
+class PRRFacts(Data):
+    """The links' packet reception ratios in device space (row sends to column)."""
+
+    source: str
+    true: tuple[tuple[float, ...], ...]  # what drives the losses
+    measured: tuple[tuple[float, ...], ...]  # what the mapper saw (probe packets)
+    mean_true: float
+    positions_m: tuple[tuple[float, ...], ...] | None = absent_when_none()  # source=channel
+    topology_seed: int | None = absent_when_none()  # source=channel
+
+
+@dataclass(frozen=True)
+class EdgePipePlan(Data):
+    """The plan a run takes (plan.json)."""
+
+    scheduler: str
+    partition: PartitionFacts
+    mapping: MappingFacts
+    prr: PRRFacts
+    coordinator: str
+    messages_per_minibatch: int
+    messages_per_pair: tuple[tuple[int, ...], ...]  # device space: row sends to column, per minibatch
+    max_message_width: int
+    pipeline: bool
+    weight_stashing: bool
+    recovery: str
+    max_transmissions_per_message: int
+    ack_max_retries: int | None  # recovery=ack only
+    bwd_mode: str
+    slot_s: float  # the slot the run uses
+    derived_slot_s: float  # worst op + slowest message + margin
+    worst_op_s: float
+    worst_message_s: float
+    margin_s: float
+    cycle_slots: int
+    slots_per_epoch: int
+    predicted_epoch_s: float
+    predicted_iter_s: float
+    paper_table_ii_slot_ms: float
+    iterations_per_epoch: int
+    budget: Budget | None = absent_when_none()  # scheduler.budget_min only
+    eval: EvalGrid | None = absent_when_none()  # scheduler.eval_every_min only
+
+
 def prr(sched) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(true PRR driving the losses, PRR the mapper sees, description) in device space."""
+    """(true PRR driving the losses, PRR the mapper sees, where the devices are) in device space."""
     cfg, n = sched.cfg.prr, len(sched.devices)
     if cfg.source == "channel":
         topo = channel.random_topology(int(cfg.topology_seed), n, roi_m=float(cfg.roi_m), probe_packets=int(cfg.probe_packets),
@@ -68,7 +161,7 @@ def slot(sched, perm) -> dict:
             "worst_op_s": comp, "worst_message_s": radio, "margin_s": float(sched.cfg.slot_margin_s)}
 
 
-def make_plan(sched) -> dict:
+def make_plan(sched) -> EdgePipePlan:
     p = sched.partition
     true, measured, where = prr(sched)
     mp = map_devices(sched, measured)
@@ -76,42 +169,42 @@ def make_plan(sched) -> dict:
     counts = part.message_counts(p, perm=mp.perm)
     pipe = bool(sched.cfg.pipeline)
     sl = slot(sched, mp.perm)
-    extra = {}
+    plan_budget = None
     if sched.cfg.budget_min is not None:
         try:
-            extra["budget"] = budget.budget_plan(p, float(sched.cfg.budget_min), pipe, sl["slot_s"], n_data)
+            plan_budget = budget.budget_plan(p, float(sched.cfg.budget_min), pipe, sl["slot_s"], n_data)
         except ValueError as e:
             raise ConfigError("scheduler.budget_min", str(e)) from None
-    n_run = extra["budget"]["minibatches"] if extra else n_data
-    ev = curve.plan(sched.cfg, sl["slot_s"], timing.slots_for(p, n_run, pipe), int(sched.ctx.cfg.train.epochs))
-    if ev:
-        extra["eval"] = ev
-    return {
-        "scheduler": sched.cfg.name,
-        "partition": {"class": p.kind, "effective_class": p.effective_class, "sizes": list(p.sizes), "groups": [list(g) for g in p.groups],
-                      "devices_per_group": list(p.devices), "m_layers": p.m_layers, "P": p.P, "notes": list(p.notes),
-                      "super_neurons": [{"sn": sn.index, "group": sn.group, "h": sn.h, "device": sched.devices[mp.perm[sn.index]],
-                                         "chunks": [list(c) for c in sn.chunks]} for sn in p.super_neurons]},
-        "mapping": {"method": mp.method, "perm": list(mp.perm), "score": mp.score, "evaluated": mp.evaluated,
-                    "devices": {f"sn{s}": sched.devices[d] for s, d in enumerate(mp.perm)}},
-        "prr": {"source": sched.cfg.prr.source, "true": true.tolist(), "measured": measured.tolist(), "mean_true": channel.mean_prr(true) if len(true) > 1 else 1.0,
-                **where},
-        "coordinator": sched.devices[part.elect_coordinator(true)],
-        "messages_per_minibatch": int(counts.sum()),
-        "messages_per_pair": counts.tolist(),  # device space: row sends to column, per minibatch
-        "max_message_width": part.max_message_width(p),
-        "pipeline": pipe and timing.pipelined(p),
-        "weight_stashing": bool(sched.cfg.weight_stashing),
-        "recovery": sched.cfg.recovery,
-        "max_transmissions_per_message": recovery.max_transmissions(sched.cfg),
-        "ack_max_retries": int(sched.cfg.ack_max_retries) if sched.cfg.recovery == "ack" else None,
-        "bwd_mode": sched.cfg.bwd_mode,
+    n_run = plan_budget.minibatches if plan_budget else n_data
+    return EdgePipePlan(
+        scheduler=sched.cfg.name,
+        partition=PartitionFacts(p.kind, p.effective_class, p.sizes, p.groups, p.devices, p.m_layers, p.P, p.notes,
+                                 tuple(SuperNeuronFacts(sn.index, sn.group, sn.h, sched.devices[mp.perm[sn.index]], sn.chunks) for sn in p.super_neurons)),
+        mapping=MappingFacts(mp.method, tuple(mp.perm), mp.score, mp.evaluated, {f"sn{s}": sched.devices[d] for s, d in enumerate(mp.perm)}),
+        prr=PRRFacts(sched.cfg.prr.source, _rows(true), _rows(measured), channel.mean_prr(true) if len(true) > 1 else 1.0,
+                     _rows(where["positions_m"]) if "positions_m" in where else None, where.get("topology_seed")),
+        coordinator=sched.devices[part.elect_coordinator(true)],
+        messages_per_minibatch=int(counts.sum()),
+        messages_per_pair=_rows(counts),
+        max_message_width=part.max_message_width(p),
+        pipeline=pipe and timing.pipelined(p),
+        weight_stashing=bool(sched.cfg.weight_stashing),
+        recovery=sched.cfg.recovery,
+        max_transmissions_per_message=recovery.max_transmissions(sched.cfg),
+        ack_max_retries=int(sched.cfg.ack_max_retries) if sched.cfg.recovery == "ack" else None,
+        bwd_mode=sched.cfg.bwd_mode,
         **sl,
-        "cycle_slots": timing.cycle_slots(p, pipe),
-        "slots_per_epoch": timing.slots_for(p, n_run, pipe),
-        "predicted_epoch_s": timing.slots_for(p, n_run, pipe) * sl["slot_s"],
-        "predicted_iter_s": timing.cycle_slots(p, pipe) * sl["slot_s"],
-        "paper_table_ii_slot_ms": timing.table_ii_slot_ms(p),
-        "iterations_per_epoch": n_data,
-        **extra,
-    }
+        cycle_slots=timing.cycle_slots(p, pipe),
+        slots_per_epoch=timing.slots_for(p, n_run, pipe),
+        predicted_epoch_s=timing.slots_for(p, n_run, pipe) * sl["slot_s"],
+        predicted_iter_s=timing.cycle_slots(p, pipe) * sl["slot_s"],
+        paper_table_ii_slot_ms=timing.table_ii_slot_ms(p),
+        iterations_per_epoch=n_data,
+        budget=plan_budget,
+        eval=curve.plan(sched.cfg, sl["slot_s"], timing.slots_for(p, n_run, pipe), int(sched.ctx.cfg.train.epochs)),
+    )
+
+
+def _rows(matrix) -> tuple[tuple, ...]:
+    """A matrix (numpy or nested lists) as rows of Python numbers."""
+    return tuple(tuple(row) for row in np.asarray(matrix).tolist())

@@ -29,47 +29,79 @@ With recovery (edgepipe.recovery) a message goes as r-TX's copies or with the li
 retries. With a time budget (edgepipe.budget) one schedule runs over all its minibatches, across
 data epochs. With `eval_every_min` the role keeps snapshots of its weights on the plan's slot
 grid (edgepipe.curve) and hands them over with its state.
+
+A role is built from its spec (`SuperNeuronSpec`: the partition, its place in it, the slot clock
+and the knobs it reads) and the run's parts (framework.scheduler.SchedulerContext: the seeded
+model its chunks are cut from, the training data, the optimizer settings).
 """
 
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from framework.scheduler import Role
+from framework.scheduler import Role, SchedulerContext
+from framework.specs import Data, RoleSpec
+from plugins.schedulers.edgepipe import timing
+from plugins.schedulers.edgepipe.budget import BudgetData
 from plugins.schedulers.edgepipe.curve import Snapshots
-from plugins.schedulers.edgepipe.dense import linear_of
+from plugins.schedulers.edgepipe.dense import linear_of, op_works
+from plugins.schedulers.edgepipe.partition import Partition
+
+
+@dataclass(frozen=True)
+class Recovery(Data):
+    """What a sender does about a lost message (edgepipe.recovery)."""
+
+    copies: int  # sends of every message: r-TX's copies, else 1
+    retries: int  # the link's ARQ retransmissions at most: ACK's, else 0
+
+
+@dataclass(frozen=True)
+class SuperNeuronSpec(RoleSpec):
+    """Super neuron `index`'s part of the plan. It carries the whole partition: the role talks
+    to the holders of its neighbouring layers, and Eq. 2's schedule is the partition's."""
+
+    index: int
+    partition: Partition
+    pipeline: bool  # Eq. 2's pipelined schedule, or one minibatch at a time
+    slot_s: float
+    weight_stashing: bool
+    bwd_mode: str  # masked | phantom
+    share_missing: str  # abort | zero_fill
+    recovery: Recovery
+    budget_minibatches: int | None  # a time budget's minibatches, one pipeline across data epochs; None: train.epochs
+    snapshot_slots: tuple[int, ...] | None  # the curve's snapshot grid (edgepipe.curve); None: no curve
 
 
 class SuperNeuronRole(Role):
-    def __init__(self, sched, s: int):
-        self.sched = sched
-        self.s = s
-        self.name = f"sn{s}"
-        self.device = sched.role_devices()[self.name]
-        p = sched.partition
-        self.p = p
+    def __init__(self, spec: SuperNeuronSpec, parts: SchedulerContext):
+        self.spec, self.parts = spec, parts
+        s = self.s = spec.index
+        self.name = spec.role
+        self.device = spec.device
+        p = self.p = spec.partition
         self.L = p.L
         self.chunks = {layer: (lo, hi) for layer, lo, hi in p.super_neurons[s].chunks}
         self.holders = {l: p.holders(l) for l in range(1, self.L + 1)}
-        self.works = sched.op_works(s)
-        train = sched.ctx.cfg.train
+        self.works = op_works(p.super_neurons[s].chunks, p.sizes, int(parts.cfg.train.batch_size))
+        train = parts.cfg.train
         self.lr, self.momentum, self.wd = float(train.lr), float(train.momentum), float(train.weight_decay)
-        self.stashing = bool(sched.cfg.weight_stashing)
-        self.masked = sched.cfg.bwd_mode == "masked"
-        self.share_abort = sched.cfg.share_missing == "abort"
-        self.pipeline = bool(sched.cfg.pipeline)
-        self.copies = sched.copies
-        self.retries = int(sched.cfg.ack_max_retries) if sched.cfg.recovery == "ack" else 0  # the link's ARQ
+        self.stashing = spec.weight_stashing
+        self.masked = spec.bwd_mode == "masked"
+        self.share_abort = spec.share_missing == "abort"
+        self.copies = spec.recovery.copies
+        self.retries = spec.recovery.retries  # the link's ARQ
         # the owned parameters, cut from the seeded initial model; updates make new tensors, so a
         # stash keeps the version its forward used by reference
         self.W, self.b, self.buf = {}, {}, {}
         with torch.no_grad():
             for layer, (lo, hi) in self.chunks.items():
                 if layer >= 2:
-                    lin = linear_of(sched.ctx.model.units[layer - 2])
+                    lin = linear_of(parts.model.units[layer - 2])
                     self.W[layer] = lin.weight[lo:hi].detach().clone()
                     self.b[layer] = lin.bias[lo:hi].detach().clone()
         self.version = {layer: 0 for layer in self.W}
@@ -85,8 +117,7 @@ class SuperNeuronRole(Role):
         self.stale_log: list[tuple[int, int, int]] = []  # (layer, data id, updates between FW and BW)
         self.data_base = 0
         self.slot_base = 0  # global slots of the earlier epochs (the snapshot grid counts across them)
-        ev = sched.plan().get("eval")
-        self.snaps = Snapshots(ev["at_slots"]) if ev else None
+        self.snaps = Snapshots(spec.snapshot_slots) if spec.snapshot_slots is not None else None
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -146,18 +177,18 @@ class SuperNeuronRole(Role):
     # ---- the program -------------------------------------------------------------------------
 
     async def run(self, ctx) -> None:
-        sched = self.sched
-        if sched.budget_data is not None:  # the whole budget: one pipeline, one framework epoch
-            await self._span(ctx, 0, sched.budget_data)
+        parts, budget = self.parts, self.spec.budget_minibatches
+        if budget is not None:  # the whole budget: one pipeline, one framework epoch
+            await self._span(ctx, 0, BudgetData(parts, budget))
             return
-        for epoch in range(self.first_epoch, int(sched.ctx.cfg.train.epochs)):
-            await self._span(ctx, epoch, sched.ctx.train_batches(epoch))
+        for epoch in range(self.first_epoch, int(parts.cfg.train.epochs)):
+            await self._span(ctx, epoch, parts.train_batches(epoch))
 
     async def _span(self, ctx, epoch: int, data) -> None:
         """Eq. 2's schedule over the minibatches `data`, then the framework's epoch end."""
-        T = self.sched.slot_s
+        T = self.spec.slot_s
         t0 = ctx.now()
-        ops, last = self.sched.ops_of(self.s, len(data))
+        ops, last = timing.ops_of(self.p, self.spec.pipeline, self.s, len(data))
         for op in ops:
             if self.snaps is not None:
                 self.snaps.before(self.slot_base + op.slot, self.W, self.b)

@@ -32,14 +32,14 @@ import copy
 import numpy as np
 import torch
 
-from framework.cluster import Work
 from framework.errors import ConfigError, listing
 from framework.scheduler import Role, Scheduler
-from framework.specs import RoleSpec
-from plugins.schedulers.edgepipe import budget, curve, mapping, recovery, timing
+from plugins.schedulers.edgepipe import budget, curve, mapping, recovery
 from plugins.schedulers.edgepipe import partition as part
 from plugins.schedulers.edgepipe import plan as plan_mod
-from plugins.schedulers.edgepipe.dense import glorot_init, linear_of, mlp_sizes
+from plugins.schedulers.edgepipe.dense import glorot_init, linear_of, mlp_sizes, op_works
+from plugins.schedulers.edgepipe.roles import Recovery, SuperNeuronRole, SuperNeuronSpec
+from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
 
 class SuperNeuron(Scheduler):
@@ -59,15 +59,12 @@ class SuperNeuron(Scheduler):
                                             m_layers=None if cfg.m_layers is None else int(cfg.m_layers), rounding=str(cfg.rounding))
         except ValueError as e:
             raise ConfigError("scheduler.partition_class", f"{cfg.partition_class} over {len(self.devices)} devices: {e}") from None
-        self._plan = ctx.plan if ctx.plan is not None else plan_mod.make_plan(self)
-        self.perm = tuple(self._plan["mapping"]["perm"])
-        self.slot_s = float(self._plan["slot_s"])
-        self._apply_prr(np.array(self._plan["prr"]["true"], dtype=float))
+        self._plan = plan_mod.EdgePipePlan.from_json(ctx.plan) if ctx.plan is not None else plan_mod.make_plan(self)
+        self.perm = tuple(self._plan.mapping.perm)
+        self.slot_s = float(self._plan.slot_s)
+        self._apply_prr(np.array(self._plan.prr.true, dtype=float))
         self._apply_ack_wait()
         self.eval_copy = None
-        b = self._plan.get("budget")
-        self.budget_data = budget.BudgetData(ctx, b["minibatches"]) if b else None
-        self._ops = timing.ScheduleCache(self.partition, bool(cfg.pipeline))
         self.final_states: dict[str, dict] | None = None  # the states `eval_model` last saw: the lossy test's weights
 
     @property
@@ -77,13 +74,8 @@ class SuperNeuron(Scheduler):
 
     def iterations_per_epoch(self) -> int:
         """With a time budget the framework's one epoch is the whole budget (edgepipe.budget)."""
-        b = self._plan.get("budget")
-        return b["minibatches"] if b else self.ctx.iterations_per_epoch()
-
-    def ops_of(self, s: int, n_data: int) -> tuple[list, int]:
-        """Super neuron s's ops of an n_data-minibatch schedule and its last slot (built once for
-        all roles: a 194-minute budget has ~250 k ops)."""
-        return self._ops.ops_of(s, n_data)
+        b = self._plan.budget
+        return b.minibatches if b else self.ctx.iterations_per_epoch()
 
     # ---- configuration -----------------------------------------------------------------------
 
@@ -136,47 +128,42 @@ class SuperNeuron(Scheduler):
                     cl.link(a, b).set_retransmit_timeout(recovery.ack_wait_s(cl, a, b))
 
     def op_works(self, s: int) -> dict:
-        """{(op, layer): [Work, ...]} of super neuron s: FW = its chunk's forward; BW = the chunk's
-        backward (weight gradient, partial products), then its SGD step. A chunk of layer l is
-        `share` = its neurons / the layer's of unit l - 2, priced as layer work is (the input
-        layer, l = 1, computes nothing)."""
-        B = int(self.ctx.cfg.train.batch_size)
-        out = {}
-        for layer, lo, hi in self.partition.super_neurons[s].chunks:
-            if layer < 2:
-                out[("FW", layer)], out[("BW", layer)] = [], []
-                continue
-            u, share = layer - 2, (hi - lo) / self.sizes[layer - 1]
-            out[("FW", layer)] = [Work("fwd", u, u + 1, B, share=share)]
-            out[("BW", layer)] = [Work("bwd", u, u + 1, B, share=share), Work("step", u, u + 1, 0, share=share)]
-        return out
+        """{(op, layer): [Work, ...]} of super neuron s (edgepipe.dense.op_works)."""
+        return op_works(self.partition.super_neurons[s].chunks, self.sizes, int(self.ctx.cfg.train.batch_size))
 
     def op_seconds(self, s: int, perm) -> dict:
         """{(op, layer): seconds} of super neuron s's ops on its device under `perm`, by the predictor."""
         dev = self.ctx.cluster.device(self.devices[perm[s]])
         return {k: sum(self.ctx.predictor.predict(dev, w) for w in works) for k, works in self.op_works(s).items()}
 
-    def plan(self) -> dict:
+    def typed_plan(self) -> plan_mod.EdgePipePlan:
         return self._plan
 
+    def plan(self) -> dict:
+        return self._plan.to_json()
+
     def planned_epoch_s(self) -> float:
-        return float(self._plan["predicted_epoch_s"])
+        return float(self._plan.predicted_epoch_s)
 
     # ---- roles -------------------------------------------------------------------------------
 
     def role_devices(self) -> dict[str, str]:
         return {f"sn{s}": self.devices[d] for s, d in enumerate(self.perm)}
 
-    def role_spec(self, role: str) -> RoleSpec:
-        return RoleSpec(role, self.role_devices()[role])  # issue 45: the role's slice of the plan moves here
+    def role_spec(self, role: str) -> SuperNeuronSpec:
+        cfg, pl = self.cfg, self._plan
+        return SuperNeuronSpec(
+            role, self.role_devices()[role], int(role[2:]), self.partition, bool(cfg.pipeline), self.slot_s,
+            bool(cfg.weight_stashing), str(cfg.bwd_mode), str(cfg.share_missing),
+            Recovery(self.copies, int(cfg.ack_max_retries) if cfg.recovery == "ack" else 0),
+            budget_minibatches=pl.budget.minibatches if pl.budget else None,
+            snapshot_slots=pl.eval.at_slots if pl.eval else None)
 
     def role_from_spec(self, role: str, spec: dict) -> Role:
-        from plugins.schedulers.edgepipe.roles import SuperNeuronRole
-
         names = self.role_devices()
         if role not in names:
             raise KeyError(f"no role {role!r}; roles: {listing(names)}")
-        return SuperNeuronRole(self, int(role[2:]))
+        return SuperNeuronRole(SuperNeuronSpec.from_json(spec), self.ctx)
 
     def eval_model(self, states: dict[str, dict]):
         """The whole MLP from the chunks (a lossless forward; a lossy test pass is not this)."""
@@ -206,20 +193,20 @@ class SuperNeuron(Scheduler):
             for dst, n in st.get("sent", {}).items():
                 sent[int(role[2:]), int(dst[2:])] += n
         rate = {k: {str(l): (ok / n if n else 1.0) for l, (ok, n) in acc.items()} for k, acc in (("fwd_arrival", fw), ("bwd_applied", bw))}
-        out["summary"]["plan"] = {k: pl[k] for k in ("messages_per_minibatch", "max_message_width", "slot_s", "coordinator", "pipeline")}
-        out["summary"]["plan"].update(partition_class=pl["partition"]["class"], mapping=pl["mapping"]["devices"], mean_prr=pl["prr"]["mean_true"])
+        out["summary"]["plan"] = {k: getattr(pl, k) for k in ("messages_per_minibatch", "max_message_width", "slot_s", "coordinator", "pipeline")}
+        out["summary"]["plan"].update(partition_class=pl.partition.kind, mapping=dict(pl.mapping.devices), mean_prr=pl.prr.mean_true)
         links = {f"{a}->{b}" for a in self.devices for b in self.devices if a != b}
         over_links = sum(int(sent[s, t]) for s in range(len(self.perm)) for t in range(len(self.perm)) if self.perm[s] != self.perm[t])
         tx = recovery.summarize({l: st for l, st in timeline.link_stats().items() if l in links}, over_links, str(self.cfg.recovery))
         out["summary"]["edgepipe"] = {"messages_sent_per_sn_pair": sent.tolist(), "messages_sent": int(sent.sum()), **rate, "transmissions": tx,
                                       "reporter": min(s for s, _, _ in self.partition.holders(L))}
-        if pl.get("budget"):
-            out["summary"]["edgepipe"]["budget"] = pl["budget"]
+        if pl.budget:
+            out["summary"]["edgepipe"]["budget"] = pl.budget.to_json()
         out["metrics"].update({"net/data_per_message": tx["data_per_message"], "net/packets_per_message": tx["packets_per_message"]})
-        out["metrics"].update({"plan/messages_per_minibatch": pl["messages_per_minibatch"], "plan/predicted_iter_s": pl["predicted_iter_s"],
-                               "plan/slot_s": pl["slot_s"], "plan/mean_prr": pl["prr"]["mean_true"], "net/messages_sent": int(sent.sum())})
+        out["metrics"].update({"plan/messages_per_minibatch": pl.messages_per_minibatch, "plan/predicted_iter_s": pl.predicted_iter_s,
+                               "plan/slot_s": pl.slot_s, "plan/mean_prr": pl.prr.mean_true, "net/messages_sent": int(sent.sum())})
         lossy = self._lossy_test()
-        if pl.get("eval") and self.final_states:
+        if pl.eval and self.final_states:
             out["summary"]["edgepipe"]["curve"] = self._curve()
         if lossy is not None:
             out["summary"]["edgepipe"]["lossy_test"] = lossy
@@ -235,7 +222,7 @@ class SuperNeuron(Scheduler):
         """PRR between super neurons that a test message sees: the links' true PRR (or `true`, a
         device-space matrix: the study's Fig. 9(b) tests at other path-loss exponents) under the
         run's mapping, through the run's recovery."""
-        true = np.array(self._plan["prr"]["true"], dtype=float) if true is None else np.asarray(true, dtype=float)
+        true = np.array(self._plan.prr.true, dtype=float) if true is None else np.asarray(true, dtype=float)
         return recovery.delivery_prr(mapping.device_prr_for_super_neurons(true, self.perm), recovery.max_transmissions(self.cfg))
 
     def trained_layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -248,7 +235,6 @@ class SuperNeuron(Scheduler):
         passes = int(self.cfg.lossy_test_passes)
         if not passes or self.final_states is None:  # (a role holding only the input layer has no state)
             return None
-        from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
         try:
             x, y = self.ctx.dataset.split("test")
@@ -261,7 +247,7 @@ class SuperNeuron(Scheduler):
         try:
             x, y = self.ctx.dataset.split("test")
             states = {r: st for r, st in self.final_states.items() if curve.SNAP_SLOTS in st}
-            return curve.curve(self.partition, states, self.trained_layers(), self._plan["eval"], self.slot_s, x, y, self.test_prr(),
+            return curve.curve(self.partition, states, self.trained_layers(), self._plan.eval, self.slot_s, x, y, self.test_prr(),
                                int(self.cfg.lossy_test_seed))
         except Exception as e:  # as the lossy test: the run's report comes first
             return {"error": f"{type(e).__name__}: {e}"}

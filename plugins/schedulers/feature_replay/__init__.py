@@ -1,9 +1,13 @@
 """Context-aware feature replay (Yao et al. 2021): an edge/cloud pipeline whose stale gradients are
 replayed through the current weights, with its baselines JointDNN and edge-only.
 
-- scheduler: the three schedulers; roles: the upstream (edge) and downstream (cloud) roles
+- scheduler: the three schedulers; plan: their plan, typed; pricing: each cut's module times
+- role_specs: what each role is built from; side: what both roles share (the messages, a side's
+  units); upstream / downstream: the replaying (edge) and the training (cloud) role;
+  replay_stage: the upstream stage's history queue; meters: the link-rate and drift estimates
 - cost: the paper's cost model and decision engine (sections 4.4-4.5); pipeline: the
-  policy-aware cost model (the epoch under the edge's staleness policy)
+  policy-aware cost model (the epoch under the edge's staleness policy); engine: Alg. 2 over the
+  plan's profile, as the coordinator and the adaptive edge run it
 """
 
 from framework.objective import declare_metrics

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
+from plugins.schedulers.feature_replay.pipeline import Stages
 
 MB = float(1 << 20)
 
@@ -119,7 +120,6 @@ class CutProfile:
     def stages(self, cut: int, bits: int, r_up: float, r_down: float):
         """The deployment's module times split as the policy-aware model walks them
         (feature_replay.pipeline.Stages)."""
-        from plugins.schedulers.feature_replay.pipeline import Stages
 
         if self.send_s is None:
             raise ValueError("the policy-aware cost needs the edge's send share of P1 (CutProfile.send_s); Eq. 12 (paper_cost) does not")

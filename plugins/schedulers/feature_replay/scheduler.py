@@ -45,20 +45,18 @@ predictions and cuts).
 from __future__ import annotations
 
 import collections
-
-import torch
+import copy
 
 from framework import repartition as rp
-from framework.cluster import Work
 from framework.errors import ConfigError, listing
-from framework.knobs import choices
 from framework.scheduler import Role, Scheduler
-from framework.specs import RoleSpec
-from plugins.schedulers.feature_replay import cost
-from plugins.schedulers.feature_replay import pipeline
-from plugins.schedulers.feature_replay.schema import FeatureReplayConfig
-
-COST_MODELS = choices(FeatureReplayConfig, "cost_model")
+from plugins.schedulers.feature_replay import cost, engine, pipeline
+from plugins.schedulers.feature_replay.downstream import DownstreamRole
+from plugins.schedulers.feature_replay.engine import COST_MODELS, Engine
+from plugins.schedulers.feature_replay.plan import Candidate, FeatureReplayPlan, LinkRates, ModuleTimes, Placement, PredictedEpoch
+from plugins.schedulers.feature_replay.pricing import Pricing
+from plugins.schedulers.feature_replay.role_specs import DownstreamSpec, SideSpec, StalenessBound, UpstreamSpec
+from plugins.schedulers.feature_replay.upstream import UpstreamRole
 
 
 class FeatureReplay(Scheduler):
@@ -74,8 +72,11 @@ class FeatureReplay(Scheduler):
         self.upstream_role = str(cfg.upstream)
         self.reversed = self.upstream_role == "cloud"
         self._check_config()
-        self._plan = ctx.plan if ctx.plan is not None else self._make_plan()
-        self.cut = int(self._plan["cut"])
+        self.bound = StalenessBound.of(cfg.K, cfg.K_schedule)
+        up, down = (self.cloud_device, self.edge_device) if self.reversed else (self.edge_device, self.cloud_device)
+        self.pricing = Pricing(ctx, up, down, labels_travel=not self.reversed, price_replay=bool(cfg.price_replay))
+        self._plan = FeatureReplayPlan.from_json(ctx.plan) if ctx.plan is not None else self._make_plan()
+        self.cut = self._plan.cut
         self.eval_copy = None
 
     # ---- configuration -----------------------------------------------------------------------
@@ -102,91 +103,18 @@ class FeatureReplay(Scheduler):
         """The configured cut; None: the decision engine chooses."""
         return None if self.cfg.cut is None else int(self.cfg.cut)
 
-    def K_at(self, epoch: int) -> int | None:
-        """The staleness bound in `epoch`: K, changed from each K_schedule entry's epoch on."""
-        k = self.cfg.K
-        for start, value in sorted((int(e), v) for e, v in (self.cfg.K_schedule or [])):
-            if epoch >= start:
-                k = value
-        return None if k is None else int(k)
-
     # ---- the plan: cut, module times, the cost model's predictions ---------------------------
-
-    def _uplink_bits(self) -> int:
-        d = self.ctx.compressor.directions[self.ctx.compressor.forward_tag]
-        return d.bits if d.codec is not None else 32
-
-    def _rates(self) -> tuple[float, float]:
-        """Bytes per second up and down at the start (the links' configured bandwidths)."""
-        cl = self.ctx.cluster
-        a, b = (self.cloud_device, self.edge_device) if self.reversed else (self.edge_device, self.cloud_device)
-        up, down = cl.link(a, b), cl.link(b, a)
-        return up.bandwidth_at(0.0) / 8.0, down.bandwidth_at(0.0) / 8.0
-
-    def module_times(self, cut: int) -> dict:
-        """T1..T4 of one steady-state iteration at `cut`, priced as the simulator prices them: the
-        devices' time models, the compressor's codec seconds and the packets' real sizes; with
-        the parts the policy-aware model needs (what the edge spends when it sends, what per
-        applied gradient; the cloud's step after the gradient has left)."""
-        ctx, B = self.ctx, int(self.ctx.cfg.train.batch_size)
-        up_dev, down_dev = (self.cloud_device, self.edge_device) if self.reversed else (self.edge_device, self.cloud_device)
-        edge, cloud = ctx.cluster.device(up_dev), ctx.cluster.device(down_dev)  # the replaying party, the other
-        if cut == self.L:
-            t1 = sum(edge.time(Work(k, 0, self.L, B)) for k in ("fwd", "bwd")) + edge.time(Work("step", 0, self.L))
-            return {"T1": t1, "T2": 0.0, "T3": 0.0, "T4": 0.0, "encode_s": 0.0, "send_s": t1, "cloud_step_s": 0.0}
-        fwd, bwd = edge.time(Work("fwd", 0, cut, B)), edge.time(Work("bwd", 0, cut, B))
-        comp = ctx.new_compressor()
-        feature = {"x": torch.empty((B, *ctx.model.infos[cut - 1].out_shape), device="meta")}
-        if not self.reversed:  # labels travel with the feature
-            feature["y"] = torch.empty((B,), dtype=torch.int64, device="meta")
-        _, up_bytes, _ = comp.encode(feature, src="edge", dst="cloud", tag=comp.forward_tag)
-        _, down_bytes, _ = comp.encode({"x": feature["x"]}, src="cloud", dst="edge", tag=comp.backward_tag)
-        enc = comp.codec_seconds("encode", comp.forward_tag, feature, 0.0)
-        dec = comp.codec_seconds("decode", comp.forward_tag, feature, 0.0)
-        up = ctx.cluster.link(up_dev, down_dev)  # the feature's way
-        down = ctx.cluster.link(down_dev, up_dev)
-        t1 = fwd + (fwd if self.cfg.price_replay else 0.0) + bwd + edge.time(Work("step", 0, cut)) + enc
-        cloud_step = cloud.time(Work("step", cut, self.L))
-        t3 = dec + sum(cloud.time(Work(k, cut, self.L, B)) for k in ("fwd", "bwd")) + cloud_step
-        return {"T1": t1, "T2": up.tx_time(up_bytes, 0.0) + up.cfg.latency_s, "T3": t3, "T4": down.tx_time(down_bytes, 0.0) + down.cfg.latency_s,
-                "uplink_bytes": up_bytes, "downlink_bytes": down_bytes, "encode_s": enc, "send_s": fwd + enc, "cloud_step_s": cloud_step}
-
-    def _links(self):
-        """(the feature's link, the gradient's link)."""
-        a, b = (self.cloud_device, self.edge_device) if self.reversed else (self.edge_device, self.cloud_device)
-        return self.ctx.cluster.link(a, b), self.ctx.cluster.link(b, a)
-
-    def _profile_rows(self) -> dict:
-        """Every cut's module times and packet sizes (JSON, shipped in the plan: the edge's
-        online engine and its bandwidth estimates read them)."""
-        itemsize = 8 if self.ctx.cfg.runtime.dtype == "float64" else 4
-        rows = [self.module_times(c) for c in range(1, self.L + 1)]
-        up, down = self._links()
-        return {
-            "edge_s": [r["T1"] for r in rows],  # compression included (at the run's bit width)
-            "edge_send_s": [r["send_s"] for r in rows],  # of which the forward and compression of the sent batch
-            "cloud_s": [r["T3"] for r in rows],
-            "cloud_step_s": [r["cloud_step_s"] for r in rows],
-            "uplink_bytes": [r.get("uplink_bytes", 0) for r in rows],
-            "downlink_bytes": [r.get("downlink_bytes", 0) for r in rows],  # the fp32 feature's gradient packet
-            "encode_s": [r["encode_s"] for r in rows],
-            "block_bytes": [i.params * itemsize for i in self.ctx.model.infos],
-            "latency_s": [up.cfg.latency_s, down.cfg.latency_s],
-            "overhead_s": [up.cfg.wakeup_s, down.cfg.wakeup_s],
-        }
 
     def cost_model(self, name: str | None = None):
         """The engine's M: `paper` (Eq. 12) or `policy` (the staleness policy's pipeline)."""
-        name = name or str(self.cfg.cost_model)
-        return cost.paper_cost if name == "paper" else pipeline.policy_cost(str(self.cfg.staleness_policy))
+        return engine.cost_model(name or str(self.cfg.cost_model), str(self.cfg.staleness_policy))
 
-    def _make_plan(self) -> dict:
+    def _make_plan(self) -> FeatureReplayPlan:
         tau = self.ctx.iterations_per_epoch()
-        K = self.K_at(0)
-        bits = self._uplink_bits()
-        prof = self._profile_rows()
-        up, down = self._rates()
-        engine = engine_profile(prof)
+        K = self.bound.at(0)
+        bits = self.pricing.uplink_bits()
+        prof = self.pricing.profile()
+        up, down = self.pricing.rates()
         policy = str(self.cfg.staleness_policy)
         chosen = "fixed"
         decisions = {}
@@ -194,52 +122,48 @@ class FeatureReplay(Scheduler):
             # the uplink's bit width is the compressor's; the engine picks the cut (Alg. 2 with
             # one width) by the configured cost model, and the other model's choice is recorded
             # beside it; K = 0 makes it JointDNN's argmin of the serial cost (Eq. 10)
-            start = cost.Deployment(self.L, 32) if self.cfg.include_edge_only else cost.Deployment(1, 32)
+            start = self.L if self.cfg.include_edge_only else 1
             for name in COST_MODELS:
-                decisions[name] = cost.decide(engine, start, K, up, down, tau, bits_candidates=(32,), include_edge_only=bool(self.cfg.include_edge_only),
-                                              model=self.cost_model(name))
-            decision = decisions[str(self.cfg.cost_model)]
-            cut, chosen = decision.deployment.cut, "engine"
+                decisions[name] = Engine(prof, name, policy, bool(self.cfg.include_edge_only)).decide(start, K, up, down, tau)
+            cut, chosen = decisions[str(self.cfg.cost_model)].deployment.cut, "engine"
         else:
             cut = int(self.default_cut())
-        T = self.module_times(cut)
-        mods = [T["T1"], T["T2"], T["T3"], T["T4"]]
-        edge_only = prof["edge_s"][-1] * tau
+        T = self.pricing.cut(cut)
+        edge_only = prof.edge_s[-1] * tau
         if cut == self.L:
             serial = grouped = walked = edge_only
         else:
-            serial, grouped = cost.serial_cost(mods, tau), cost.grouped_cost(mods, K, tau)
-            walked = pipeline.epoch_seconds(engine.stages(cut, 32, up, down), K, policy, tau, exact=True)
+            serial, grouped = cost.serial_cost(T.modules, tau), cost.grouped_cost(T.modules, K, tau)
+            walked = pipeline.epoch_seconds(engine.cut_profile(prof).stages(cut, 32, up, down), K, policy, tau, exact=True)
         planned = walked if self.cfg.cost_model == "policy" else grouped
-        return {
-            "scheduler": self.cfg.name,
-            "cut": cut,
-            "cut_chosen_by": chosen,
-            "cost_model": str(self.cfg.cost_model),
-            "cut_by_cost_model": {name: d.deployment.cut for name, d in decisions.items()},
-            "adaptive": self.adaptive,
-            "upstream": self.upstream_role,
-            **{role: {"role": role, "device": dev, "units": units, "unit_names": self.ctx.model.unit_names[units[0]:units[1]]}
-               for role, dev, units in (("edge", self.edge_device, [cut, self.L] if self.reversed else [0, cut]),
-                                        ("cloud", self.cloud_device, [0, cut] if self.reversed else [cut, self.L]))},
-            "uplink_bits": bits,
-            "K": K,
-            "staleness_policy": policy,
-            "price_replay": bool(self.cfg.price_replay),
-            "module_times_s": {k: v for k, v in T.items() if k.startswith("T")},
-            "iterations_per_epoch": tau,
+        edge_units, cloud_units = ((cut, self.L), (0, cut)) if self.reversed else ((0, cut), (cut, self.L))
+        return FeatureReplayPlan(
+            scheduler=self.cfg.name,
+            cut=cut,
+            cut_chosen_by=chosen,
+            cost_model=str(self.cfg.cost_model),
+            cut_by_cost_model={name: d.deployment.cut for name, d in decisions.items()},
+            adaptive=self.adaptive,
+            upstream=self.upstream_role,
+            edge=self._placement("edge", self.edge_device, edge_units),
+            cloud=self._placement("cloud", self.cloud_device, cloud_units),
+            uplink_bits=bits,
+            K=K,
+            staleness_policy=policy,
+            price_replay=bool(self.cfg.price_replay),
+            module_times_s=ModuleTimes(*T.modules),
+            iterations_per_epoch=tau,
             # planned: the configured cost model's; policy: the staleness policy's pipeline walked
             # over the epoch; serial_eq10 / grouped_eq12: the paper's formulas on T1..T4
-            "predicted_epoch_s": {"planned": planned, "policy": walked, "serial_eq10": serial, "grouped_eq12": grouped, "edge_only": edge_only},
-            "predicted_iter_s": planned / tau,
-            "link_bytes_per_s": {"up": up, "down": down},
-            "candidates": [{"cut": c, "cost_s": v} for c, _, v in decisions[str(self.cfg.cost_model)].candidates] if decisions else [],
-            "profile": prof,
-        }
+            predicted_epoch_s=PredictedEpoch(planned=planned, policy=walked, serial_eq10=serial, grouped_eq12=grouped, edge_only=edge_only),
+            predicted_iter_s=planned / tau,
+            link_bytes_per_s=LinkRates(up, down),
+            candidates=tuple(Candidate(c, v) for c, _, v in decisions[str(self.cfg.cost_model)].candidates) if decisions else (),
+            profile=prof,
+        )
 
-    @staticmethod
-    def engine_profile(prof: dict) -> cost.CutProfile:
-        return engine_profile(prof)
+    def _placement(self, role: str, device: str, units: tuple[int, int]) -> Placement:
+        return Placement(role, device, units, tuple(self.ctx.model.unit_names[units[0]:units[1]]))
 
     @property
     def adaptive(self) -> bool:
@@ -247,32 +171,39 @@ class FeatureReplay(Scheduler):
         return bool(self.cfg.adaptive) and type(self) is FeatureReplay and not self.reversed
 
     def plan(self) -> dict:
-        return self._plan
+        return self._plan.to_json()
 
     def planned_epoch_s(self) -> float:
         """The configured cost model's epoch: the staleness policy's pipeline (`cost_model:
         policy`, default) or Eq. 12 (`paper`; Eq. 10 at K = 0, where both agree)."""
-        return float(self._plan["predicted_epoch_s"]["planned"])
+        return float(self._plan.predicted_epoch_s.planned)
 
     # ---- roles -------------------------------------------------------------------------------
 
     def role_devices(self) -> dict[str, str]:
         return {"edge": self.edge_device, "cloud": self.cloud_device}
 
-    def role_spec(self, role: str) -> RoleSpec:
-        return RoleSpec(role, self.role_devices()[role])  # issue 45: the role's slice of the plan moves here
+    def role_spec(self, role: str) -> SideSpec:
+        """The upstream side gets the staleness policy and what its online engine re-decides
+        with; the downstream side only the cut."""
+        device, pl = self.role_devices()[role], self._plan
+        if role != self.upstream_role:
+            return DownstreamSpec(role, device, pl.cut, self.reversed)
+        cfg = self.cfg
+        return UpstreamSpec(role, device, pl.cut, self.reversed, K=self.bound, staleness_policy=pl.staleness_policy, price_replay=pl.price_replay,
+                            adaptive=pl.adaptive, profile=pl.profile, cost_model=pl.cost_model, include_edge_only=bool(cfg.include_edge_only),
+                            iterations_per_epoch=pl.iterations_per_epoch, tau_beta=float(cfg.tau_beta), rate_beta=float(cfg.rate_beta),
+                            drift_lags=tuple(int(k) for k in cfg.drift_lags or ()))
 
     def role_from_spec(self, role: str, spec: dict) -> Role:
-        from plugins.schedulers.feature_replay.roles import DownstreamRole, UpstreamRole
-
         if role not in ("edge", "cloud"):
             raise KeyError(f"no role {role!r}; roles: edge, cloud")
-        return UpstreamRole(self, role) if role == self.upstream_role else DownstreamRole(self, role)
+        if role == self.upstream_role:
+            return UpstreamRole(UpstreamSpec.from_json(spec), self.ctx)
+        return DownstreamRole(DownstreamSpec.from_json(spec), self.ctx)
 
     def eval_model(self, states: dict[str, dict]):
         if self.eval_copy is None:
-            import copy
-
             self.eval_copy = copy.deepcopy(self.ctx.model)
         for state in states.values():
             rp.unpack_units(self.eval_copy, state, True)
@@ -287,25 +218,15 @@ class FeatureReplay(Scheduler):
         epochs = max(1, int(self.ctx.cfg.train.epochs))
         out["summary"]["staleness"]["histogram"] = {str(k): hist[k] for k in sorted(hist)}
         out["summary"]["feature_replay"] = {
-            "cut": pl["cut"], "K": pl["K"], "policy": pl["staleness_policy"], "uplink_bits": pl["uplink_bits"],
+            "cut": pl.cut, "K": pl.K, "policy": pl.staleness_policy, "uplink_bits": pl.uplink_bits,
             "discarded_gradients": edge.get("discarded", 0), "peak_history": edge.get("peak_history", 0),
-            "measured_epoch_s": total / epochs, "predicted_epoch_s": pl["predicted_epoch_s"],
-            "migrations": edge.get("migrations", []), "final_cut": edge.get("cut", pl["cut"]),
+            "measured_epoch_s": total / epochs, "predicted_epoch_s": pl.predicted_epoch_s.to_json(),
+            "migrations": edge.get("migrations", []), "final_cut": edge.get("cut", pl.cut),
             "measured_rates_Bps": edge.get("rates"), "tau": edge.get("tau"), "drift_std": edge.get("drift_std", {}),
         }
         out["metrics"].update({"replay/discarded": edge.get("discarded", 0), "replay/peak_history": edge.get("peak_history", 0),
                                "replay/migrations": len(edge.get("migrations", []))})
         return out
-
-
-def engine_profile(prof: dict) -> cost.CutProfile:
-    """The decision engine's CutProfile from the plan's rows: compression is inside edge_s (and
-    edge_send_s) and the uplink bytes are the compressed packet's, so the engine prices transfers
-    at 32 'bits' of those bytes (the run's bit width is the compressor's; switching widths online
-    is not done)."""
-    up = prof["uplink_bytes"]
-    return cost.CutProfile(prof["edge_s"], prof["cloud_s"], up[:-1], lambda c, b: 0.0, prof["block_bytes"], down_bytes=prof["downlink_bytes"][:-1],
-                           send_s=prof["edge_send_s"], cloud_step_s=prof["cloud_step_s"], latency_s=tuple(prof["latency_s"]), overhead_s=tuple(prof["overhead_s"]))
 
 
 class JointDNN(FeatureReplay):

@@ -1,7 +1,9 @@
 """PiPar (collaborative split learning with pipelined micro-batches and server replicas) and the
 baselines it compares against: FL (FedAvg), SFL (SplitFed) and vanilla SL.
 
-- scheduler: PiPar, FL, SFL; sl: SL; roles: the device, server and FedAvg roles
+- scheduler: PiPar, FL, SFL; sl: SL; roles: the device and server roles; aggregator: the FedAvg role
+- specs: the typed plan (plan.json) and each role's spec, what a role is built from with the
+  run's parts (never the scheduler); training: what roles and scheduler compute alike (batches)
 - plan / planner / search / refine: choosing (P, N) (Sec. III-C, trial iterations, the shortlist)
 - fedavg: the aggregation (a pure function); model_vectors: split models as flat vectors
 - idle: the server's and devices' idle times (Figs 4-7)

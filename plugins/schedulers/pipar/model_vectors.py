@@ -13,6 +13,18 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def layout_of(model) -> "UnitLayout":
+    """The layout of `model`'s units, made once per model in a process: every role of a run lays
+    its own copy of the model out alike (and the layout keeps each copy's tensors once)."""
+    layout = _LAYOUTS.get(model)
+    if layout is None:
+        layout = _LAYOUTS[model] = UnitLayout(model)
+    return layout
+
+
 class UnitLayout:
     """Offsets of each unit's float parameters ("p") and buffers ("b") in flat vectors."""
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from framework.cluster import Work
 from framework.knobs import choices
 from plugins.schedulers.pipar.schema import CollabConfig
 
@@ -161,8 +162,6 @@ class SideProfile:
 
 
 def profile_side(predictor, device, num_units: int, batch: int) -> SideProfile:
-    from framework.cluster import Work
-
     fwd = [predictor.predict(device, Work("fwd", q, q + 1, batch)) for q in range(num_units)]
     bwd = [predictor.predict(device, Work("bwd", q, q + 1, batch)) for q in range(num_units)]
     step = [predictor.predict(device, Work("step", q, q + 1)) for q in range(num_units)]

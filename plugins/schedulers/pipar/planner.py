@@ -17,69 +17,48 @@ pair from the predictor, the links and the real packet sizes, and picks a plan p
 Whatever chose (P, N), the plan's `predicted_epoch_s` is `select=auto`'s model of that plan: the
 epoch the run is expected to take (`plan/predicted_epoch_s` beside `time/epoch_virtual_s`).
 
-The coordinator plans once and ships the plans (`DevicePlan.as_dict`) to every role; only the
-server role plans again, when a device's bandwidth changes (re-selection).
+The coordinator plans once and ships each role its device's plan in its spec (pipar.specs); only
+the server role plans again, when a device's bandwidth changes (re-selection).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 
 import torch
 
 from framework.cluster import Work
 from plugins.schedulers.pipar import plan as plan_mod
 from plugins.schedulers.pipar.iteration import SERVER
+from plugins.schedulers.pipar.specs import DevicePlan, PlannerKnobs
+from plugins.schedulers.pipar.refine import refine, trial_cost
+from plugins.schedulers.pipar.search import exhaustive, trial_iteration
+from plugins.schedulers.pipar.model_vectors import UnitLayout
 
 
-@dataclass
-class DevicePlan:
-    """One device's (P, N) and what its training is predicted to take (iterations only; the
-    epoch's model exchange is the planner's `epoch_end_s`)."""
-
-    P: int
-    N: int
-    micro_batch: int
-    predicted_iter_s: float
-    predicted_epoch_s: float
-    shortlist: list = field(default_factory=list)
-    paper_epoch_s: float | None = None  # select=paper: the paper's own estimate of this plan's epoch
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def without_shortlist(self) -> dict:
-        """`as_dict` less the shortlist (what checkpoints and summaries keep; a deep copy of the
-        shortlist cost each checkpoint 4 ms at K = 16)."""
-        return {"P": self.P, "N": self.N, "micro_batch": self.micro_batch, "predicted_iter_s": self.predicted_iter_s, "predicted_epoch_s": self.predicted_epoch_s, "shortlist": [],
-                "paper_epoch_s": self.paper_epoch_s}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "DevicePlan":
-        return cls(**d)
-
-
-def split_points(cfg, num_units: int) -> range:
+def split_points(max_device_units: int | None, num_units: int) -> range:
     """The P a device may take: 1..Q' (Q' = `max_device_units`, at most Q - 1)."""
-    qmax = cfg.max_device_units if cfg.max_device_units is not None else num_units - 1
+    qmax = max_device_units if max_device_units is not None else num_units - 1
     return range(1, min(qmax, num_units - 1) + 1) if num_units > 1 else range(1, 2)
 
 
 class Planner:
     """Plans for the K devices of one collaborative run (`kind` in pipar, fl, sfl, sl)."""
 
-    def __init__(self, cfg, ctx, kind: str, shards, serial_server: bool = False):
-        """`serial_server`: the server trains one replica at a time (one server role serves the
-        devices in turn: `server_mode=sequential`, SFL's shared model, SL), so none share its cores."""
-        self.cfg, self.ctx, self.kind = cfg, ctx, kind
-        self.serial_server = serial_server
+    def __init__(self, knobs: PlannerKnobs, ctx, shard_sizes):
+        """`knobs`: what it reads of `cfg.scheduler`; `ctx`: the run's parts (model, cluster,
+        predictor, compressor); `shard_sizes[k]`: device k's training samples, for every device
+        it plans (a sequence, or a dict of some of them). With `knobs.serial_server` the server
+        trains one replica at a time (one server role serves the devices in turn:
+        `server_mode=sequential`, SFL's shared model, SL), so none share its cores."""
+        self.knobs, self.ctx, self.kind = knobs, ctx, knobs.kind
+        self.serial_server = knobs.serial_server
         self.K = int(ctx.cluster.cfg.num_devices)
         self.devices = [f"dev{k}" for k in range(self.K)]
         self.Q = len(ctx.model)
         self.B = int(ctx.cfg.train.batch_size)
         self.dtype = ctx.dtype
-        self.shards = shards
+        self.shard_sizes = shard_sizes
         # an estimation-only compressor: pricing packets must not touch the run's codec state
         self._est_compressor = ctx.new_compressor()
         self._packet_cache: dict = {}
@@ -89,15 +68,15 @@ class Planner:
         self.trial_cost = 0.0  # virtual seconds of trial iterations run by exhaustive/refine
 
     def p_range(self) -> range:
-        return split_points(self.cfg, self.Q)
+        return split_points(self.knobs.max_device_units, self.Q)
 
     def fixed_plan(self) -> tuple[int | None, int | None]:
         """(P, N) this kind of scheduler pins (None = choose)."""
         if self.kind == "fl":
             return self.Q, 1
         if self.kind in ("sfl", "sl"):
-            return self.cfg.P, 1
-        return self.cfg.P, self.cfg.N
+            return self.knobs.P, 1
+        return self.knobs.P, self.knobs.N
 
     # ---- pricing ------------------------------------------------------------------------------
 
@@ -171,7 +150,7 @@ class Planner:
                 busy[sig] = 0.0
                 continue
             model = self.pair_model(k, 0.0, "auto")
-            c = plan_mod.candidate(model, p.P, p.N, self.B, len(self.shards[k]), self.cfg.estimator)
+            c = plan_mod.candidate(model, p.P, p.N, self.B, self.shard_sizes[k], self.knobs.estimator)
             busy[sig] = c.iterations * (p.N * (c.times.fs + c.times.bs) + c.times.step_s)  # stretched, as the run takes it
         cores = self.server_cores()
         return {g: max(1.0, (len(groups[g]) + sum(len(groups[h]) * min(1.0, busy[h] / span[g]) for h in groups if h != g and span[g] > 0)) / cores)
@@ -188,14 +167,14 @@ class Planner:
         """Devices with equal compute, links and shard size get equal plans (one search each)."""
         cl = self.ctx.cluster
         up, down = cl.link(self.devices[k], SERVER), cl.link(SERVER, self.devices[k])
-        return (repr(cl.device(self.devices[k]).cfg), repr(up.cfg), repr(down.cfg), len(self.shards[k]))
+        return (repr(cl.device(self.devices[k]).cfg), repr(up.cfg), repr(down.cfg), self.shard_sizes[k])
 
     def choose_plans(self) -> list[DevicePlan]:
         groups: dict = {}
         for k in range(self.K):
             groups.setdefault(self._signature(k), []).append(k)
         memo = {sig: self.choose_plan(ks[0]) for sig, ks in groups.items()}
-        if len(groups) > 1 and self.busy_replicas() > self.server_cores() and self.cfg.select in ("auto", "paper"):
+        if len(groups) > 1 and self.busy_replicas() > self.server_cores() and self.knobs.select in ("auto", "paper"):
             # devices that differ are not in step: each group's share from the others' busy
             # time, and the plans again under it (a few rounds settle it)
             for _ in range(3):
@@ -210,35 +189,30 @@ class Planner:
     def choose_plan(self, k: int, now: float = 0.0, method: str | None = None) -> DevicePlan:
         P, N = self.fixed_plan()
         model = self.pair_model(k, now, "auto")
-        n = len(self.shards[k])
-        est = self.cfg.estimator
-        method = method or self.cfg.select
+        n = self.shard_sizes[k]
+        est = self.knobs.estimator
+        method = method or self.knobs.select
 
         def plan(P_, N_, shortlist, paper_epoch_s=None) -> DevicePlan:
             c = plan_mod.candidate(model, P_, N_, self.B, n, est)  # what the run is expected to take
-            return DevicePlan(P_, N_, c.micro_batch, c.iter_s, c.epoch_s, shortlist, paper_epoch_s)
+            return DevicePlan(P_, N_, c.micro_batch, c.iter_s, c.epoch_s, tuple(shortlist), paper_epoch_s)
 
         if P is not None and N is not None:
             return plan(P, N, [plan_mod.candidate(model, P, N, self.B, n, est).as_dict()])
         p_range = [P] if P is not None else list(self.p_range())
         if method == "exhaustive":
-            from plugins.schedulers.pipar.search import exhaustive
-
             best, trials = exhaustive(self, k, p_range, [N] if N is not None else None)
             self.trial_cost += sum(t["iter_s"] for t in trials)
             return plan(best["P"], best["N"], trials)
         if method == "refine":
-            from plugins.schedulers.pipar.refine import refine, trial_cost
-            from plugins.schedulers.pipar.search import trial_iteration
-
-            best, trials = refine(self.pair_model(k, now), self.B, n, p_range, lambda P_, N_: trial_iteration(self, k, P_, N_), fixed_n=N, clamp=self.cfg.n_clamp, estimator=est)
+            best, trials = refine(self.pair_model(k, now), self.B, n, p_range, lambda P_, N_: trial_iteration(self, k, P_, N_), fixed_n=N, clamp=self.knobs.n_clamp, estimator=est)
             self.trial_cost += trial_cost(trials)
             return plan(best["P"], best["N"], trials)
         if method == "paper":
-            best, shortlist = plan_mod.select_closed_form(self.pair_model(k, now), self.B, n, p_range, fixed_n=N, clamp=self.cfg.n_clamp, estimator=est)
+            best, shortlist = plan_mod.select_closed_form(self.pair_model(k, now), self.B, n, p_range, fixed_n=N, clamp=self.knobs.n_clamp, estimator=est)
             return plan(best.P, best.N, [c.as_dict() for c in shortlist], best.epoch_s)
         best, shortlist = plan_mod.select_search(model, self.B, n, p_range, fixed_n=N, estimator=est)
-        return DevicePlan(best.P, best.N, best.micro_batch, best.iter_s, best.epoch_s, [c.as_dict() for c in shortlist])
+        return DevicePlan(best.P, best.N, best.micro_batch, best.iter_s, best.epoch_s, tuple(c.as_dict() for c in shortlist))
 
     # ---- the epoch ---------------------------------------------------------------------------
 
@@ -255,8 +229,6 @@ class Planner:
 
     def _layout(self):
         if self._lay is None:
-            from plugins.schedulers.pipar.model_vectors import UnitLayout
-
             self._lay = UnitLayout(self.ctx.model)
         return self._lay
 
@@ -271,7 +243,7 @@ class Planner:
         for k, p in enumerate(plans):
             dev = self.devices[k]
             t = train_s[k]
-            if self.cfg.dp_sigma > 0:
+            if self.knobs.dp_sigma > 0:
                 t += self.ctx.predictor.predict(cl.device(dev), Work("step", 0, p.P))
             up = cl.link(dev, SERVER)
             arrive.append(t + up.tx_time(self.model_bytes("model", 0, p.P, True), 0.0) + up.cfg.latency_s)
@@ -296,9 +268,9 @@ class Planner:
         if P is not None and N is not None:
             return 0.0
         profile = max(self.profile_cost(k) for k in range(self.K))
-        if self.cfg.select == "exhaustive":
+        if self.knobs.select == "exhaustive":
             return self.trial_cost
-        if self.cfg.select == "refine":
+        if self.knobs.select == "refine":
             return profile + self.trial_cost
         return profile
 

@@ -20,12 +20,14 @@ The baselines are the same roles with other settings:
   benchmarking), one server replica per device (default) or one shared server model.
 - `sl`  (vanilla split learning) is in `sl.py`.
 
-Where things are: the roles (`pipar.roles`), FedAvg (`fedavg`), flat model vectors
-(`model_vectors`), the (P, N) planner (`pipar.planner`, math in `pipar.plan`, trials in
-`pipar.search` and `pipar.refine`). Roles: `dev<k>` on device `dev<k>`; on device `server`:
-`srv<k>` (one replica per device, computing in parallel: `server_mode=parallel`, Fig. 3c), or one
-`server` role that serves the devices in turn (`server_mode=sequential`, Fig. 3b; also SFL's
-shared model); and `fed`, which averages. Decisions left open by the paper are in
+Where things are: the plan and each role's spec (`pipar.specs`), the roles (`pipar.roles`,
+`pipar.aggregator`), FedAvg (`fedavg`), flat model vectors (`model_vectors`), the (P, N) planner
+(`pipar.planner`, math in `pipar.plan`, trials in `pipar.search` and `pipar.refine`). Roles:
+`dev<k>` on device `dev<k>`; on device `server`: `srv<k>` (one replica per device, computing in
+parallel: `server_mode=parallel`, Fig. 3c), or one `server` role that serves the devices in turn
+(`server_mode=sequential`, Fig. 3b; also SFL's shared model); and `fed`, which averages. Each
+role is built from its spec (`role_spec`: its slice of the plan and its knobs) and the run's
+parts, and holds no reference to the scheduler. Decisions left open by the paper are in
 `pipar.notes.md` section 8 and in the docstrings (disconnects, DP noise, re-selection).
 """
 
@@ -33,16 +35,19 @@ from __future__ import annotations
 
 import copy
 import time
+from functools import cached_property
 
-from framework.data import batches, shard_indices, split_microbatches
+from framework.data import shard_indices
 from framework.errors import ConfigError, listing
-from framework.scheduler import Scheduler
-from framework.specs import RoleSpec
+from framework.scheduler import Role, Scheduler
+from plugins.schedulers.pipar.aggregator import FedRole
 from plugins.schedulers.pipar.idle import idle_times
-from plugins.schedulers.pipar.model_vectors import UnitLayout
 from plugins.schedulers.pipar.iteration import SERVER
-from plugins.schedulers.pipar.planner import DevicePlan, Planner, split_points
-from plugins.schedulers.pipar.roles import DeviceRole, FedRole, ServerRole
+from plugins.schedulers.pipar.planner import Planner, split_points
+from plugins.schedulers.pipar.roles import DeviceRole, ServerRole
+from plugins.schedulers.pipar.specs import (CollabPlan, CollabRoleSpec, DevicePlan, DeviceRecord, DeviceSpec, FedSpec, PlannerKnobs, ServerSpec, Shard, aggregates,
+                                            iterations_per_epoch)
+from plugins.schedulers.pipar.training import device_batches
 
 
 class Collaborative(Scheduler):
@@ -59,36 +64,32 @@ class Collaborative(Scheduler):
         self.K = int(cl.cfg.num_devices)
         self.devices = [f"dev{k}" for k in range(self.K)]
         self.Q = len(ctx.model)
-        self.B = int(ctx.cfg.train.batch_size)
         self.iteration_cap = int(ctx.cfg.train.iterations_per_epoch or 0)  # read once: a config lookup costs 20 us, asked per batch
         self.epochs = int(ctx.cfg.train.epochs)  # likewise, asked by every role every epoch
         self.aggregate_every = int(cfg.aggregate_every)
-        self.numerics = ctx.numerics
-        self.dtype = ctx.dtype
         self.shards = shard_indices(ctx.dataset.y_train, self.K, cfg.shard, alpha=cfg.dirichlet_alpha, seed=ctx.cfg.seed)
         for k, s in enumerate(self.shards):
             if len(s) == 0:
                 raise ConfigError("scheduler.shard", f"device dev{k} got no training samples ({cfg.shard} sharding of {len(ctx.dataset.y_train)} samples over {self.K} devices)")
         self.failures = self._parse_failures()
-        self.layout = UnitLayout(ctx.model)
         self._eval = None
         if ctx.plan is not None:  # a role process: the coordinator's plan, no search
-            self._plan = ctx.plan
-            self.plans = [DevicePlan.from_dict(d["plan"]) for d in ctx.plan["devices"]]
-            self.search_virtual_s = float(ctx.plan["search_s"])
+            self._plan, self._plan_json = CollabPlan.from_json(ctx.plan), ctx.plan
+            self.plans = self._plan.plans()
+            self.search_virtual_s = float(self._plan.search_s)
             self.search_wall_s = 0.0
-            self.predicted_epoch = float(ctx.plan["predicted_epoch_s"])
+            self.predicted_epoch = float(self._plan.predicted_epoch_s)
         else:
-            self.planner = Planner(cfg, ctx, self.kind, self.shards, self.serial_server())
+            self.planner = Planner(self.planner_knobs, ctx, [len(s) for s in self.shards])
             t0 = time.perf_counter()
             self.plans = self.adjust_plans(self.planner.choose_plans())
             self.search_wall_s = time.perf_counter() - t0
             self.search_virtual_s = self.planner.search_cost()
-            self._plan = None
+            self._plan, self._plan_json = None, None
             self.predicted_epoch = self.predict_epoch()
         self.server_roles = self._server_roles()
-        # device -> its server role: every message of a split iteration asks (a scan of the
-        # sequential server's K devices per message made K = 10,000 quadratic)
+        # device -> its server role, which its spec names (a scan of the sequential server's K
+        # devices per device made K = 10,000 quadratic)
         self._server_role_of = {k: r for r, ks in self.server_roles.items() for k in ks}
 
     # ---- configuration ---------------------------------------------------------------------
@@ -108,14 +109,21 @@ class Collaborative(Scheduler):
         if c.max_device_units is not None and not 1 <= c.max_device_units <= q:
             raise ConfigError("scheduler.max_device_units", f"must be in 1..{q}, got {c.max_device_units}")
 
-    def _parse_failures(self) -> dict:
-        out = {}
+    def _parse_failures(self) -> dict[int, dict[int, int]]:
+        """scheduler.failures as device -> epoch -> the iterations it trains before it drops."""
+        out: dict[int, dict[int, int]] = {}
         for i, f in enumerate(self.cfg.failures or []):
             f = list(f)
             if len(f) not in (2, 3) or not 0 <= f[0] < self.K or f[1] < 0:
                 raise ConfigError(f"scheduler.failures[{i}]", f"{f} is not [device, epoch] or [device, epoch, after_iterations] with device in 0..{self.K - 1}")
-            out[(int(f[0]), int(f[1]))] = int(f[2]) if len(f) == 3 else 0
+            out.setdefault(int(f[0]), {})[int(f[1])] = int(f[2]) if len(f) == 3 else 0
         return out
+
+    @cached_property
+    def planner_knobs(self) -> PlannerKnobs:
+        """What the planner reads of the config (the server roles re-select with them too)."""
+        c = self.cfg
+        return PlannerKnobs(self.kind, c.select, c.P, c.N, c.max_device_units, c.n_clamp, c.estimator, c.dp_sigma, self.serial_server())
 
     def serial_server(self) -> bool:
         """Whether one server role serves the devices in turn (Fig. 3b) instead of one replica
@@ -134,40 +142,20 @@ class Collaborative(Scheduler):
         return plans
 
     def p_range(self) -> range:
-        return split_points(self.cfg, self.Q)
+        return split_points(self.cfg.max_device_units, self.Q)
 
     # ---- data, per device and plan (every role computes the same from the config) ---------------
 
     def num_iterations(self, k: int, plan: DevicePlan) -> int:
-        n = len(self.shards[k]) // (plan.micro_batch * plan.N)
-        return min(n, self.iteration_cap) if self.iteration_cap else n
+        return iterations_per_epoch(len(self.shards[k]), plan, self.iteration_cap)
 
     def iteration_batches(self, k: int, epoch: int, plan: DevicePlan | None = None) -> list:
-        """Device k's iterations in `epoch`: N micro-batches of B' samples each, from its own
-        shard in a seeded order; the epoch's tail that fills no iteration is skipped (Alg. 1)."""
+        """Device k's iterations in `epoch` (what its role trains: pipar.training.device_batches)."""
         p = plan or self.plans[k]
-        out = []
-        seed = self.ctx.cfg.seed * 7919 + k
-        ds = self.ctx.dataset
-        n = self.num_iterations(k, p)
-        for x, y in batches(ds.x_train, ds.y_train, p.micro_batch * p.N, seed, epoch, indices=self.shards[k], drop_last=True, limit=n):
-            out.append((split_microbatches(x, p.N), split_microbatches(y, p.N)))
-        return out
-
-    def active_iterations(self, k: int, epoch: int, plan: DevicePlan) -> tuple[int, bool]:
-        """(iterations device k trains in `epoch`, whether it is connected at the epoch's end),
-        from the config's scripted `failures`."""
-        n = self.num_iterations(k, plan)
-        if (k, epoch) in self.failures:
-            return min(n, self.failures[(k, epoch)]), False
-        return n, True
+        return device_batches(self.ctx, k, self.shards[k], p.micro_batch, p.N, epoch, self.num_iterations(k, p))
 
     def aggregates(self, epoch: int) -> bool:
-        return (epoch + 1) % self.aggregate_every == 0 or epoch == self.epochs - 1
-
-    def bandwidths(self, k: int, t: float) -> tuple[float, float]:
-        cl = self.ctx.cluster
-        return cl.link(self.devices[k], SERVER).bandwidth_at(t), cl.link(SERVER, self.devices[k]).bandwidth_at(t)
+        return aggregates(epoch, self.aggregate_every, self.epochs)
 
     # ---- roles ------------------------------------------------------------------------------
 
@@ -179,26 +167,67 @@ class Collaborative(Scheduler):
             return {"server": list(range(self.K))}
         return {f"srv{k}": [k] for k in range(self.K)}
 
-    def server_role_of(self, k: int) -> str:
-        return self._server_role_of[k]
-
     def role_devices(self) -> dict[str, str]:
         out = {f"dev{k}": self.devices[k] for k in range(self.K)}
         out.update({r: SERVER for r in self.server_roles})
         out["fed"] = SERVER
         return out
 
-    def role_spec(self, role: str) -> RoleSpec:
-        return RoleSpec(role, self.role_devices()[role])  # issue 45: the role's slice of the plan moves here
+    def device_index(self, role: str) -> int | None:
+        """k of role `dev<k>`, None for any other role."""
+        if role.startswith("dev") and role[3:].isdigit() and role == f"dev{int(role[3:])}" and int(role[3:]) < self.K:
+            return int(role[3:])
+        return None
 
-    def role_from_spec(self, role: str, spec: dict):
-        if role.startswith("dev") and role[3:].isdigit():
-            return DeviceRole(self, int(role[3:]))
+    def role_spec(self, role: str) -> CollabRoleSpec:
+        k = self.device_index(role)
+        if k is not None:
+            return self.device_spec(k)
         if role in self.server_roles:
-            return ServerRole(self, role, self.server_roles[role])
+            return self.server_spec(role)
         if role == "fed":
-            return FedRole(self)
+            return self.fed_spec()
         raise KeyError(f"no role {role!r}; roles: {listing(self.role_devices())}")
+
+    def role_from_spec(self, role: str, spec: dict) -> Role:
+        if self.device_index(role) is not None:
+            return DeviceRole(DeviceSpec.from_json(spec), self.ctx)
+        if role in self.server_roles:
+            return ServerRole(ServerSpec.from_json(spec), self.ctx)
+        if role == "fed":
+            return FedRole(FedSpec.from_json(spec), self.ctx)
+        raise KeyError(f"no role {role!r}; roles: {listing(self.role_devices())}")
+
+    # ---- each role's spec: its slice of the plan and the knobs it reads --------------------------
+
+    def _rounds(self) -> dict:
+        """What every role's spec holds of the run's epochs."""
+        return {"epochs": self.epochs, "aggregate_every": self.aggregate_every, "iteration_cap": self.iteration_cap}
+
+    @cached_property
+    def _device_knobs(self) -> dict:
+        """What every device's spec holds of the config, read once (a config lookup costs 20 us, and
+        K device specs are made)."""
+        c = self.cfg
+        return {"dp_sigma": c.dp_sigma, "dp_clip": c.dp_clip, "reselect_mode": c.reselect_mode, "profile_units": max(self.p_range())}
+
+    def device_spec(self, k: int) -> DeviceSpec:
+        return DeviceSpec(f"dev{k}", self.devices[k], **self._rounds(), k=k, plan=self.plans[k].lean(), shard=Shard.of(self.shards[k]), server=self._server_role_of.get(k),
+                          failures=self.failures.get(k, {}), **self._device_knobs)
+
+    def server_spec(self, role: str) -> ServerSpec:
+        ks = self.server_roles[role]
+        return ServerSpec(role, SERVER, **self._rounds(), devices_served=tuple(ks), shared=self.shared_server(role), plans={k: self.plans[k].lean() for k in ks},
+                          shard_sizes={k: len(self.shards[k]) for k in ks}, failures={k: self.failures[k] for k in ks if k in self.failures},
+                          reselect_mode=self._device_knobs["reselect_mode"], planner=self.planner_knobs)
+
+    def fed_spec(self) -> FedSpec:
+        return FedSpec("fed", SERVER, **self._rounds(), cuts=tuple(p.P for p in self.plans), server_roles={r: tuple(ks) for r, ks in self.server_roles.items()},
+                       failures=self.failures, reselect=bool(self.cfg.reselect) and self.kind != "fl")
+
+    def shared_server(self, role: str) -> bool:
+        """Whether server role `role` trains one model for all its devices (SFL's shared model)."""
+        return False
 
     def optional_roles(self) -> set[str]:
         """Devices may drop out for good on a real runtime (the paper's disconnect handling)."""
@@ -220,36 +249,23 @@ class Collaborative(Scheduler):
     def samples_per_epoch(self) -> int:
         return sum(self.num_iterations(k, p) * p.micro_batch * p.N for k, p in enumerate(self.plans))
 
-    def plan(self) -> dict:
-        if self._plan is not None:
-            return self._plan
-        uniform = len({(p.P, p.N) for p in self.plans}) == 1
-        first = self.plans[0]
-        self._plan = {
-            "scheduler": self.cfg.name,
-            "select": "fixed" if self.cfg.P is not None and self.cfg.N is not None else self.cfg.select,
-            "P": first.P if uniform else [p.P for p in self.plans],
-            "N": first.N if uniform else [p.N for p in self.plans],
-            "micro_batch": first.micro_batch if uniform else [p.micro_batch for p in self.plans],
-            "predicted_iter_s": first.predicted_iter_s if uniform else [p.predicted_iter_s for p in self.plans],
-            "predicted_epoch_s": self.predicted_epoch,  # the slowest device's training and the model exchange
-            "paper_epoch_s": first.paper_epoch_s if uniform else [p.paper_epoch_s for p in self.plans],
-            "server_share": self.planner.server_share(),
-            "search_s": self.search_virtual_s,
-            "search_wall_s": self.search_wall_s,
-            "num_units": self.Q,
-            "devices": [
-                {"device": self.devices[k], "P": p.P, "N": p.N, "micro_batch": p.micro_batch, "iterations_per_epoch": self.num_iterations(k, p), "shard_size": len(self.shards[k]),
-                 "predicted_iter_s": p.predicted_iter_s, "predicted_epoch_s": p.predicted_epoch_s, "plan": p.without_shortlist()}
-                for k, p in enumerate(self.plans)
-            ],
-            "server_roles": self.server_roles,
-            "shortlist_dev0": self.plans[0].shortlist,
-        }
+    def typed_plan(self) -> CollabPlan:
+        if self._plan is None:
+            c = self.cfg
+            self._plan = CollabPlan.of(
+                scheduler=c.name, select="fixed" if c.P is not None and c.N is not None else c.select, plans=self.plans,
+                records=[DeviceRecord.of(self.devices[k], p, self.num_iterations(k, p), len(self.shards[k])) for k, p in enumerate(self.plans)],
+                predicted_epoch_s=self.predicted_epoch, server_share=self.planner.server_share(), search_s=self.search_virtual_s, search_wall_s=self.search_wall_s,
+                num_units=self.Q, server_roles={r: tuple(ks) for r, ks in self.server_roles.items()})
         return self._plan
 
+    def plan(self) -> dict:
+        if self._plan_json is None:
+            self._plan_json = self.typed_plan().to_json()
+        return self._plan_json
+
     def planned_epoch_s(self) -> float:
-        return float(self.plan()["predicted_epoch_s"])
+        return float(self.typed_plan().predicted_epoch_s)
 
     def epoch_metrics(self, epoch: int, start: float, end: float, timeline) -> dict[str, float]:
         idle = self.idle(timeline, start, end)
@@ -261,9 +277,9 @@ class Collaborative(Scheduler):
     def report(self, total: float, timeline, role_stats: dict[str, dict], dropouts: list[dict]) -> dict:
         idle = self.idle(timeline, 0.0, total)
         epochs = max(1, int(self.ctx.cfg.train.epochs))
-        pl = self.plan()
-        plan = {k: pl[k] for k in ("P", "N", "micro_batch", "predicted_iter_s", "predicted_epoch_s", "paper_epoch_s", "server_share", "search_s", "select")}
-        plan["per_device"] = [{k: v for k, v in d.items() if k != "plan"} for d in pl["devices"]]
+        pl = self.typed_plan()
+        plan = {k: getattr(pl, k) for k in ("P", "N", "micro_batch", "predicted_iter_s", "predicted_epoch_s", "paper_epoch_s", "server_share", "search_s", "select")}
+        plan["per_device"] = [{k: v for k, v in d.to_json().items() if k != "plan"} for d in pl.devices]
         plan["reselections"] = sorted((r for st in role_stats.values() for r in st.get("reselections", [])), key=lambda r: (r["time_s"], r["device"]))
         rounds = role_stats.get("fed", {}).get("rounds", [])
         summary = {
@@ -272,8 +288,8 @@ class Collaborative(Scheduler):
             "idle": {"server_s": idle["server_s"], "device_mean_s": idle["device_mean_s"], "device_max_s": idle["device_max_s"], "server_per_epoch_s": idle["server_s"] / epochs, "device_mean_per_epoch_s": idle["device_mean_s"] / epochs},
         }
         metrics = {"idle/server_s": idle["server_s"], "idle/device_mean_s": idle["device_mean_s"], "plan/search_s": self.search_virtual_s}
-        if isinstance(pl["P"], int):
-            metrics.update({"plan/P": pl["P"], "plan/N": pl["N"], "plan/predicted_iter_s": pl["predicted_iter_s"]})
+        if isinstance(pl.P, int):
+            metrics.update({"plan/P": pl.P, "plan/N": pl.N, "plan/predicted_iter_s": pl.predicted_iter_s})
         return {"summary": summary, "metrics": metrics}
 
 
@@ -311,7 +327,5 @@ class SFL(Collaborative):
     def serial_server(self) -> bool:
         return self.cfg.server_model == "shared" or super().serial_server()
 
-    def role_from_spec(self, role: str, spec: dict):
-        if role == "server" and self.cfg.server_model == "shared":
-            return ServerRole(self, role, self.server_roles[role], shared=True)
-        return super().role_from_spec(role, spec)
+    def shared_server(self, role: str) -> bool:
+        return role == "server" and self.cfg.server_model == "shared"

@@ -27,14 +27,13 @@ def trial_iteration(planner, k: int, P: int, N: int) -> float:
     `planner`: a pipar.planner.Planner (or anything with its ctx, devices, B and Q)."""
     ctx = planner.ctx
     cl = ctx.cluster
-    sched = planner
-    dev = sched.devices[k]
+    dev = planner.devices[k]
     links = [cl.link(dev, SERVER), cl.link(SERVER, dev)]
     saved = [(ln.channel.free_at, ln.rng.getstate()) for ln in links]
-    b = max(1, sched.B // N)
+    b = max(1, planner.B // N)
     train = ctx.cfg.train
     dev_st = Stage(ctx.model, 0, P, train, numerics=False)
-    srv_st = Stage(ctx.model, P, sched.Q, train, numerics=False)
+    srv_st = Stage(ctx.model, P, planner.Q, train, numerics=False)
     x = torch.empty((b, *ctx.model.input_shape), dtype=ctx.dtype, device="meta")
     y = torch.empty((b,), dtype=torch.int64, device="meta")
     xs, ys = [x] * N, [y] * N
@@ -59,16 +58,18 @@ def trial_iteration(planner, k: int, P: int, N: int) -> float:
             ln.rng.setstate(state)
 
 
-def exhaustive(sched, k: int, p_range, n_values=None) -> tuple[dict, list[dict]]:
+def exhaustive(planner, k: int, p_range, n_values=None) -> tuple[dict, list[dict]]:
     """Every P in `p_range` x every N in 1..B (or `n_values`): one trial each. Returns (best,
-    trials), best by estimated epoch = trial iteration x floor(|D_k| / (B' N))."""
-    n_samples = len(sched.shards[k])
+    trials), best by estimated epoch = trial iteration x floor(|D_k| / (B' N)).
+
+    `planner`: a pipar.planner.Planner."""
+    n_samples = planner.shard_sizes[k]
     trials = []
     for P in p_range:
-        for N in n_values or range(1, sched.B + 1):
-            b = max(1, sched.B // N)
+        for N in n_values or range(1, planner.B + 1):
+            b = max(1, planner.B // N)
             iters = max(1, n_samples // (b * N))
-            it_s = trial_iteration(sched, k, P, N)
+            it_s = trial_iteration(planner, k, P, N)
             trials.append({"P": P, "N": N, "micro_batch": b, "iterations": iters, "iter_s": it_s, "epoch_s": it_s * iters})
     best = min(trials, key=lambda t: (t["epoch_s"], t["P"], t["N"]))
     return best, trials
