@@ -9,8 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from framework.knobs import choices
+from plugins.schedulers.edgepipe.schema import SuperNeuronConfig
+
 SIZES = (784, 128, 128, 128, 128, 10)  # Sec. V: the input layer, four hidden layers of 128, ten outputs
-CLASSES = ("vertical", "hybrid", "horizontal")
+CLASSES = choices(SuperNeuronConfig, "partition_class")  # vertical, hybrid, horizontal
 # Table II's columns as ops of a super neuron: (kind, layer); BW O->H is the output layer's
 # backward (its weight gradient and the partial products for H4), BW H->H a hidden layer's
 TABLE_II_OPS = {"fw_ih": ("FW", 2), "fw_hh": ("FW", 3), "fw_ho": ("FW", 6), "bw_oh": ("BW", 6), "bw_hh": ("BW", 3)}

@@ -12,6 +12,8 @@ import statistics
 from pathlib import Path
 
 from experiments.study_runs import run_job
+from framework.knobs import choices
+from plugins.schedulers.feature_replay.schema import FeatureReplayConfig
 
 MB = 1 << 20
 FAST = ["tracking=none", "runtime.progress=false"]
@@ -19,7 +21,7 @@ FIXED_CUT = ["scheduler.cut=1", "scheduler.adaptive=false"]
 PI = ["experiment=feature_replay_pi"]
 TX2 = ["experiment=feature_replay_tx2"]
 DEVICES = {"pi4b": PI, "tx2": TX2}
-POLICIES = ("block", "fixed", "group", "discard")
+POLICIES = choices(FeatureReplayConfig, "staleness_policy")
 
 # (label, overrides, link MiB/s up/down or None for the preset's, the notes' section 4.3 numbers:
 # serial s, K = 5 s, speed-up, edge-only s, saving; computed with the replay not charged)

@@ -19,8 +19,9 @@ from hydra._internal.hydra import Hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from framework import faults, input_errors, objective, registry, tracking_process
-from framework.config import CONF_DIR, task_overrides
+from framework import faults, input_errors, knob_help, objective, registry, tracking_process
+from framework.config import task_overrides
+from framework.config_dirs import CONF_DIR
 from framework.errors import PipelabError, one_line
 from framework.group_options import check_group_overrides, group_choices
 from framework.multirun import parent_run_id, sweep_keys
@@ -155,6 +156,9 @@ def _main() -> None:
         sys.exit(2)
     # --help lists the user-facing groups (not the schema/* groups the YAML files extend)
     OmegaConf.register_new_resolver("pipelab_groups", lambda: "\n".join(f"{g}: {', '.join(group_choices(g, sys.argv[1:]))}" for g in registry.GROUPS + ("experiment",)), replace=True)
+    # ... and the config with every knob's meaning and range (framework.knob_help); `$` doubled:
+    # Hydra fills the template's $CONFIG-style placeholders after this
+    OmegaConf.register_new_resolver("pipelab_knobs", lambda _root_: knob_help.annotated_config(_root_, "--resolve" in sys.argv[1:]).replace("$", "$$"), replace=True)
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
         _skip_hydra_group_listing()
     _skip_hydra_mode_compose(sys.argv[1:])

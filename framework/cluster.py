@@ -57,11 +57,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from framework import profile_tables
-from framework.config import TIME_MODELS, DeviceConfig, LinkConfig
+from framework import knobs, profile_tables
+from framework.config import DeviceConfig, LinkConfig
 from framework.errors import ConfigError, listing
 from framework.lean_torch import SGD, backward
-from framework.validate_numbers import LINK
 
 
 @dataclass(frozen=True)
@@ -84,8 +83,7 @@ class Device:
         self.cfg = cfg
         self.infos = infos or []
         self.profile = profile  # host seconds: {"batches": [b...], "fwd"/"bwd": [[t(b)...] per unit], "step": [...]}
-        if cfg.time_model not in TIME_MODELS:
-            raise ConfigError(f"cluster.devices.{name}.time_model", f"{cfg.time_model!r} is not a time model; choices: {', '.join(TIME_MODELS)}")
+        knobs.check({"time_model": cfg.time_model}, DeviceConfig, f"cluster.devices.{name}")  # a cluster built from code too
         if cfg.time_model == "profile" and profile is None:
             raise ValueError(f"device {name}: the profile time model needs a host profile")
         self.table = profile_tables.device_table(cfg, name, len(self.infos) if self.infos else None) if cfg.time_model == "table" else None
@@ -190,12 +188,9 @@ class Channel:
 
 
 def check_link(cfg: LinkConfig, where: str) -> None:
-    """A link's numbers in their ranges (framework.validate_numbers.LINK, checked before the run
-    too): a cluster built from code gets the same checks."""
-    for key, r in LINK.items():
-        why = r.problem(getattr(cfg, key))
-        if why:
-            raise ConfigError(f"{where}.{key}", why)
+    """A link's numbers in their ranges (LinkConfig's, checked before the run too): a cluster
+    built from code gets the same checks."""
+    knobs.check(cfg, LinkConfig, where)
 
 
 class Link:

@@ -27,13 +27,11 @@ from typing import Any
 
 import torch
 
-from framework import wire
+from framework import knobs, wire
 from framework.checkpoint import CheckpointError
 from framework.codec import Encoded, codec_class
 from framework.config import CodecTimeConfig, CompressionConfig, CompressorConfig, DirectionConfig  # noqa: F401  (re-exported)
 from framework.errors import ConfigError
-
-TIME_MODELS = ("linear", "measured", "none")
 
 
 class _Direction:
@@ -103,8 +101,7 @@ class Compressor:
         }
         tcfg = get("time")
         self.time_cfg = tcfg if tcfg is not None else CodecTimeConfig(model="none")
-        if self.time_cfg.model not in TIME_MODELS:
-            raise ConfigError("compressor.time.model", f"{self.time_cfg.model!r} is not a codec time model; choices: {', '.join(TIME_MODELS)}")
+        knobs.check({"model": self.time_cfg.model}, CodecTimeConfig, "compressor.time")  # a compressor made in code too
         self.max_decoded_bytes = get("max_decoded_bytes", wire.MAX_DECODED_BYTES)
         if isinstance(self.max_decoded_bytes, bool) or not isinstance(self.max_decoded_bytes, int) or self.max_decoded_bytes <= 0:
             raise ConfigError("compressor.max_decoded_bytes", f"{self.max_decoded_bytes!r} is not a positive number of bytes (default {wire.MAX_DECODED_BYTES}, 2 GiB)")

@@ -3,13 +3,13 @@
 Every config group has a base dataclass here; a plugin subclasses it for its own knobs and
 registers the subclass (`registry.register(..., schema=...)`), and its YAML file extends that
 schema through its defaults list (`- /schema/<group>/<name>@_here_`). Hydra then rejects a wrong
-type or an unknown key while composing. Checks that span fields or groups live in
-`framework.validate`.
+type or an unknown key while composing. Every field is a knob (framework.knobs): its default,
+what it means, its range and its choices are said here, once; checks that span fields or groups
+live in `framework.validate`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from dataclasses import dataclass, field
@@ -18,165 +18,98 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from omegaconf import MISSING, OmegaConf
 
 from framework.errors import ConfigError
-
-# the config tree (an absolute path: Hydra resolves relative ones against the module, which fails under `-m`)
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-
-
-def yaml_presets(group: str, dirs=None) -> list[str]:
-    """The YAML presets of a config group: <dir>/<group>/**/*.yaml of each config folder (conf/
-    and, for a command line, the user's: `search_dirs`), as `group=option` names them."""
-    out = set()
-    for d in dirs if dirs is not None else [Path(CONF_DIR)]:
-        root = Path(d) / group
-        out.update(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
-    return sorted(out)
-
-
-def search_dirs(argv=()) -> list[Path]:
-    """The config folders Hydra composes from for command-line arguments `argv`: conf/, the
-    folder of `--config-dir <dir>` (or -cd) and each folder of `hydra.searchpath=[...]`
-    (file://<dir>, or pkg://<package>); a pkg:// package that cannot be found is left out (Hydra
-    says so when it composes)."""
-    dirs = [Path(CONF_DIR)]
-    for d in extra_config_dirs(argv):
-        if d not in dirs:
-            dirs.append(d)
-    return dirs
-
-
-def extra_config_dirs(argv=(), *, sources: bool = False) -> list:
-    """The folders `argv` adds to Hydra's search path (see `search_dirs`), in its order;
-    `sources`: as (what added it: "--config-dir" or the hydra.searchpath entry, folder)."""
-    argv = list(argv)
-    out: list[tuple[str, Path]] = []
-    for i, arg in enumerate(argv):
-        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
-            out.append((arg, Path(argv[i + 1]).expanduser().absolute()))
-        elif arg.startswith("--config-dir="):
-            out.append(("--config-dir", Path(arg.split("=", 1)[1]).expanduser().absolute()))
-    for entry in searchpath_override(argv) or []:
-        d = _search_dir(entry)
-        if d is not None:
-            out.append((f"hydra.searchpath entry {entry}", d))
-    return out if sources else [d for _, d in out]
-
-
-def searchpath_override(argv) -> list[str] | None:
-    """The entries of a `hydra.searchpath=[...]` override among `argv` (None: there is none)."""
-    for arg in argv:
-        if arg.lstrip("+~").split("=", 1)[0].strip() != "hydra.searchpath" or "=" not in arg:
-            continue
-        try:
-            value = OverridesParser.create().parse_override(arg).value()
-        except HydraException:
-            return None  # the override check says what is wrong with it
-        return [str(v) for v in value] if isinstance(value, list) else None
-    return None
-
-
-def _search_dir(entry: str) -> Path | None:
-    scheme, _, rest = entry.partition("://") if "://" in entry else ("file", "", entry)
-    if scheme == "file":
-        return Path(rest).expanduser().absolute()
-    if scheme == "pkg":
-        try:
-            spec = importlib.util.find_spec(rest.replace("/", "."))
-        except (ImportError, ValueError):
-            return None
-        locations = list(spec.submodule_search_locations or []) if spec else []
-        return Path(locations[0]) if locations else None
-    return None
-
+from framework.knobs import Range, knob, knob_factory
 
 @dataclass
 class ModelConfig:
     name: str = MISSING
 
 
+SEED = Range(0, 2**63 - 1, integer=True)
+
+
 @dataclass
 class DatasetConfig:
     name: str = MISSING
-    seed: int = 0  # data generation / split seed (independent of the training seed)
-
-
-TIME_MODELS = ("analytic", "profile", "measured", "table")  # a device's time_model (framework.cluster)
+    seed: int = knob(0, "data generation / split seed (independent of the training seed)", range=SEED)
 
 
 @dataclass
 class DeviceConfig:
     """One device's compute model. See framework/cluster.py for the time models."""
 
-    time_model: str = "analytic"  # analytic | profile | measured | table
-    flops_per_s: float = 1.0e9  # analytic: sustained FLOP/s of this device
-    slowdown: float = 1.0  # every time model: this device is `slowdown` x slower (than its rate, or the host)
-    kind_factors: Dict[str, float] = field(default_factory=dict)  # extra factor per layer kind
-    backward_ratio: float = 2.0  # analytic: backward FLOPs = ratio x forward FLOPs
-    step_flops_per_param: float = 4.0  # analytic: optimizer step cost
-    call_overhead_s: float = 0.0  # analytic: fixed seconds per unit per call (dispatch; x slowdown), so small batches cost more per sample
-    # analytic: memory streams, added to compute (.inf: free). Activations: each layer's input and
-    # output per sample; weights: the unit's parameters once per sample (caches too small to keep
-    # them across the batch). Layers differ tenfold in bytes per FLOP, so a device bound by memory
-    # is not a fixed multiple of one bound by compute (what FTPipeHD's single ratio assumes)
-    activation_bytes_per_s: float = float("inf")
-    weight_bytes_per_s: float = float("inf")
-    memory_bytes: Optional[float] = None  # capacity; null = unbounded
-    slots: int = 1  # computations that may run at once, FIFO, each at full speed
-    # cores shared by every computation on the device (processor sharing: n > cores computations
-    # each run at cores / n of their speed alone, as an OS shares a server among replica
-    # processes); null: FIFO `slots` instead (framework/runtime/shared_processor.py)
-    cores: Optional[int] = None
-    # [[t_s, factor], ...]: from t_s on, compute takes factor x as long (piecewise constant). Typed
-    # loosely because OmegaConf refuses an int (`[[0, 2]]`) in a List[List[float]]; checked in
-    # framework.validate_numbers
-    trace: Optional[List[Any]] = None
-    table: Optional[str] = None  # table: a shipped profile table (conf/profile_tables/<name>.yaml)
-    table_device: Optional[str] = None  # table: its column (e.g. pi4b, tx2, rtx2080ti)
-    forward_fraction: float = 0.3333333333333333  # table: the forward's share of a measured iteration
+    time_model: str = knob("analytic", "how the device prices work (framework.cluster)", choices=("analytic", "profile", "measured", "table"))
+    flops_per_s: float = knob(1.0e9, "analytic: sustained FLOP/s of this device", range=Range(0, low_open=True, note="FLOP/s"))
+    slowdown: float = knob(1.0, "every time model: this device is `slowdown` x slower (than its rate, or the host)", range=Range(0, low_open=True, note="times slower than its rate"))
+    kind_factors: Dict[str, float] = knob({}, "extra factor per layer kind", range=Range(0, note="times a FLOP's time for that layer kind; 0 = free"))
+    backward_ratio: float = knob(2.0, "analytic: backward FLOPs = ratio x forward FLOPs", range=Range(0))
+    step_flops_per_param: float = knob(4.0, "analytic: optimizer step cost", range=Range(0))
+    call_overhead_s: float = knob(0.0, "analytic: fixed seconds per unit per call (dispatch; x slowdown), so small batches cost more per sample", range=Range(0, note="seconds"))
+    activation_bytes_per_s: float = knob(
+        float("inf"),
+        "analytic: the activations' memory stream, added to compute (.inf: free): each layer's input and output per sample. Layers differ tenfold in bytes per FLOP, so a device bound by memory is not a fixed multiple of one bound by compute (what FTPipeHD's single ratio assumes)",
+        range=Range(0, low_open=True, inf=True, note="bytes/s; .inf = free"),
+    )
+    weight_bytes_per_s: float = knob(
+        float("inf"),
+        "analytic: the weights' memory stream, added to compute (.inf: free): the unit's parameters once per sample (caches too small to keep them across the batch)",
+        range=Range(0, low_open=True, inf=True, note="bytes/s; .inf = free"),
+    )
+    memory_bytes: Optional[float] = knob(None, "capacity; null = unbounded", range=Range(0, low_open=True, null=True, note="bytes; null = unbounded"))
+    slots: int = knob(1, "computations that may run at once, FIFO, each at full speed", range=Range(1, integer=True))
+    cores: Optional[int] = knob(
+        None,
+        "cores shared by every computation on the device (processor sharing: n > cores computations each run at cores / n of their speed alone, as an OS shares a server among replica processes); null: FIFO `slots` instead (framework/runtime/shared_processor.py)",
+        range=Range(1, integer=True, null=True, note="null = FIFO slots"),
+    )
+    # typed loosely because OmegaConf refuses an int (`[[0, 2]]`) in a List[List[float]];
+    # checked point by point in framework.validate_knobs
+    trace: Optional[List[Any]] = knob(None, "[[t_s, factor], ...]: from t_s on, compute takes factor x as long (piecewise constant)")
+    table: Optional[str] = knob(None, "table: a shipped profile table (conf/profile_tables/<name>.yaml)")
+    table_device: Optional[str] = knob(None, "table: its column (e.g. pi4b, tx2, rtx2080ti)")
+    forward_fraction: float = knob(0.3333333333333333, "table: the forward's share of a measured iteration", range=Range(0, 1, low_open=True, high_open=True, note="the forward's share of a measured iteration, time_model=table"))
 
 
 @dataclass
 class LinkConfig:
     """A directed link. Bandwidth in bit/s (.inf = instantaneous), one-way latency in seconds."""
 
-    bandwidth_bps: float = float("inf")
-    latency_s: float = 0.0
-    wakeup_s: float = 0.0  # seconds each transfer holds the channel before its bytes flow (a radio waking from power save: AdaLearner's ~100 ms)
-    loss: float = 0.0  # probability that one message is lost
-    retransmit_timeout_s: float = 0.2  # reliable sends resend after this long
-    trace: Optional[List[Any]] = None  # [[t_s, bandwidth_bps], ...] piecewise-constant (typed as the device's trace)
+    bandwidth_bps: float = knob(float("inf"), "bit/s (.inf = instantaneous)", range=Range(0, low_open=True, inf=True, note="bit/s; .inf = instantaneous"))
+    latency_s: float = knob(0.0, "one-way latency in seconds", range=Range(0, note="seconds, one way"))
+    wakeup_s: float = knob(0.0, "seconds each transfer holds the channel before its bytes flow (a radio waking from power save: AdaLearner's ~100 ms)", range=Range(0, note="seconds per transfer"))
+    loss: float = knob(0.0, "probability that one message is lost", range=Range(0, 1, high_open=True, note="probability a message is lost"))
+    retransmit_timeout_s: float = knob(0.2, "reliable sends resend after this long", range=Range(0, low_open=True, note="seconds a reliable send waits before it resends"))
+    trace: Optional[List[Any]] = knob(None, "[[t_s, bandwidth_bps], ...] piecewise-constant (typed as the device's trace)")
 
 
 @dataclass
 class ClusterConfig:
     name: str = MISSING
-    num_devices: int = 2  # devices named dev0 .. dev{n-1}
-    device: DeviceConfig = field(default_factory=DeviceConfig)  # template for every device
-    devices: Dict[str, Any] = field(default_factory=dict)  # per-device overrides, or extra devices (e.g. server)
-    link: LinkConfig = field(default_factory=LinkConfig)  # template for every directed pair
-    links: Dict[str, Any] = field(default_factory=dict)  # overrides keyed "src->dst"; glob patterns allowed
-    shared_medium: bool = False  # all links share one half-duplex channel (one WLAN hotspot)
+    num_devices: int = knob(2, "devices named dev0 .. dev{n-1}", range=Range(1, integer=True))
+    device: DeviceConfig = knob_factory(DeviceConfig, "template for every device")
+    devices: Dict[str, Any] = knob({}, "per-device overrides, or extra devices (e.g. server)", entries=DeviceConfig)
+    link: LinkConfig = knob_factory(LinkConfig, "template for every directed pair")
+    links: Dict[str, Any] = knob({}, 'overrides keyed "src->dst"; glob patterns allowed', entries=LinkConfig)
+    shared_medium: bool = knob(False, "all links share one half-duplex channel (one WLAN hotspot)")
 
 
 @dataclass
 class SchedulerConfig:
     name: str = MISSING
-    microbatches: int = 1
-    partition: Any = "dp"  # "dp" (compute and compressed transfers: AccEPT Eq. 9-10), "even" (compute alone) or cut indices, e.g. [3, 7]
-    stages: Optional[int] = None  # pipeline depth; null = one stage per device
+    microbatches: int = knob(1, "micro-batches each mini-batch is split into", range=Range(1, integer=True))
+    partition: Any = knob("dp", "dp: the slowest stage or link as small as it goes (compute and compressed transfers: AccEPT Eq. 9-10) | even (compute alone) | search (pipelines: every contiguous partition by its predicted epoch) | cut indices, e.g. [3, 7]")
+    stages: Optional[int] = knob(None, "pipeline depth; null = one stage per device", range=Range(1, integer=True, null=True))
 
 
 @dataclass
 class PipelineConfig(SchedulerConfig):
     """Knobs every pipeline schedule (framework.pipeline) shares."""
 
-    repartition: List[Any] = field(default_factory=list)  # [[epoch, cuts], ...]: move units between stages at that epoch's start
-    replan_epsilon: Optional[float] = None  # re-plan at an epoch's end when a stage's measured fwd+bwd time is off its prediction by more than this fraction (AccEPT; plugins/predictors/accept_replan.py); null: never
+    repartition: List[Any] = knob([], "[[epoch, cuts], ...]: move units between stages at that epoch's start")
+    replan_epsilon: Optional[float] = knob(None, "re-plan at an epoch's end when a stage's measured fwd+bwd time is off its prediction by more than this fraction (AccEPT; plugins/predictors/accept_replan.py); null: never")
 
 
 @dataclass
@@ -186,35 +119,34 @@ class CompressorConfig:
 
 @dataclass
 class DirectionConfig:
-    codec: str = "none"  # a codec name (framework.codec), or none
-    bits: int = 32
-    # [[epoch, bits], ...]: from `epoch` on, use `bits`; empty = always `bits`. A list of pairs
-    # rather than a map because Hydra merges a dict override key by key into a struct-mode node,
-    # which refuses new keys; a list override replaces the whole list.
-    schedule: List[List[int]] = field(default_factory=list)
-    options: Dict[str, Any] = field(default_factory=dict)  # codec-specific options
+    codec: str = knob("none", "a codec name (framework.codec), or none")
+    bits: int = knob(32, "bits per value the codec sends (each codec says which it takes)")
+    # a list of pairs rather than a map because Hydra merges a dict override key by key into a
+    # struct-mode node, which refuses new keys; a list override replaces the whole list
+    schedule: List[List[int]] = knob([], "[[epoch, bits], ...]: from `epoch` on, use `bits`; empty = always `bits`")
+    options: Dict[str, Any] = knob({}, "codec-specific options")
 
 
 @dataclass
 class CodecTimeConfig:
-    model: str = "linear"  # linear | measured | none
-    encode_s_per_MB: float = 0.02636  # Pi 4B, x = fp32 MB (feature-replay notes, section 2.5)
-    encode_s: float = 0.00114
-    decode_s_per_MB: float = 0.02636
-    decode_s: float = 0.00114
-    scale: float = 1.0  # measured: host seconds -> device seconds
+    model: str = knob("linear", "linear (seconds per MB plus a fixed cost) | measured (host seconds x scale) | none", choices=("linear", "measured", "none"))
+    encode_s_per_MB: float = knob(0.02636, "linear: encoding seconds per MB of fp32 input", range=Range(0, note="seconds"))  # Pi 4B, x = fp32 MB (feature-replay notes, section 2.5)
+    encode_s: float = knob(0.00114, "linear: fixed encoding seconds per tensor", range=Range(0, note="seconds"))
+    decode_s_per_MB: float = knob(0.02636, "linear: decoding seconds per MB of fp32 output", range=Range(0, note="seconds"))
+    decode_s: float = knob(0.00114, "linear: fixed decoding seconds per tensor", range=Range(0, note="seconds"))
+    scale: float = knob(1.0, "measured: host seconds -> device seconds", range=Range(0, low_open=True))
 
 
 @dataclass
 class CompressionConfig(CompressorConfig):
-    forward: DirectionConfig = field(default_factory=DirectionConfig)
-    backward: DirectionConfig = field(default_factory=DirectionConfig)
-    forward_tag: str = "act"
-    backward_tag: str = "grad"
-    time: CodecTimeConfig = field(default_factory=CodecTimeConfig)
-    # a received packet may decode to at most this many bytes (WireError beyond, before any
-    # allocation): a 1-bit codec's output is 32-64x its payload (framework.wire)
-    max_decoded_bytes: int = 1 << 31  # framework.wire.MAX_DECODED_BYTES (not imported here: wire imports torch)
+    forward: DirectionConfig = knob_factory(DirectionConfig, "what crosses forward (activations)")
+    backward: DirectionConfig = knob_factory(DirectionConfig, "what crosses backward (gradients)")
+    forward_tag: str = knob("act", "the message tag the forward direction's codec encodes")
+    backward_tag: str = knob("grad", "the message tag the backward direction's codec encodes")
+    time: CodecTimeConfig = knob_factory(CodecTimeConfig, "what encoding and decoding cost on the devices")
+    # a 1-bit codec's output is 32-64x its payload (framework.wire); the default is
+    # framework.wire.MAX_DECODED_BYTES (not imported here: wire imports torch)
+    max_decoded_bytes: int = knob(1 << 31, "a received packet may decode to at most this many bytes (WireError beyond, before any allocation)")
 
 
 @dataclass
@@ -230,10 +162,10 @@ class TransportConfig:
 @dataclass
 class RuntimeConfig:
     name: str = "sim"
-    numerics: bool = True  # false: timing only, no tensor math (planners, 100+ devices)
-    dtype: str = "float32"  # float32 | float64
-    progress: bool = True  # terminal progress bar
-    threads: Optional[int] = None  # torch intra-op threads; null = torch's default
+    numerics: bool = knob(True, "false: timing only, no tensor math (planners, 100+ devices)")
+    dtype: str = knob("float32", "the tensors' floating-point type", choices=("float32", "float64"))
+    progress: bool = knob(True, "terminal progress bar")
+    threads: Optional[int] = knob(None, "torch intra-op threads; null = torch's default", range=Range(1, integer=True, null=True))
 
 
 @dataclass
@@ -243,40 +175,37 @@ class MetricFloorConfig:
     sweep's parent never names it best, and the value it returns to a sweeper (Optuna) is the worst
     there is. See framework/objective.py."""
 
-    metric: str = "val/acc"
-    min: Optional[float] = None  # null: no floor
+    metric: str = knob("val/acc", "the metric the floor bounds")
+    min: Optional[float] = knob(None, "the least value that counts; null: no floor (e.g. 0.9 with optimized_metric=time/epoch_virtual_s, direction min)")
 
 
 @dataclass
 class TrackingConfig:
     name: str = "mlflow"
-    uri: str = "sqlite:///outputs/mlflow.db"
-    artifact_root: str = "outputs/mlartifacts"
-    experiment: str = "pipelab"
-    flush_every: int = 200  # buffered metrics per batch write
-    gantt_iterations: int = 3  # iterations drawn in timeline.png (the trace holds all)
-    max_trace_events: int = 200_000
-    optimized_metric: str = "val/acc"  # a sweep's parent run names its best child by this metric
-    optimized_direction: str = "max"  # max | min
-    metric_floor: MetricFloorConfig = field(default_factory=MetricFloorConfig)  # runs below it are never best
-
-
-NONFINITE_POLICIES = ("fail", "warn", "ignore")  # train.on_nonfinite (framework/nonfinite.py)
+    uri: str = knob("sqlite:///outputs/mlflow.db", "where MLflow keeps runs: sqlite:///<file>.db, a folder, http(s)://<tracking server>, or a database URI")
+    artifact_root: str = knob("outputs/mlartifacts", "where MLflow stores a new experiment's artifacts")
+    experiment: str = knob("pipelab", "the MLflow experiment runs are recorded in")
+    flush_every: int = knob(200, "buffered metrics per batch write", range=Range(1, integer=True, note="metrics per write"))
+    gantt_iterations: int = knob(3, "iterations drawn in timeline.png (the trace holds all)", range=Range(1, integer=True))
+    max_trace_events: int = knob(200_000, "the most events the timeline trace keeps", range=Range(0, integer=True))
+    optimized_metric: str = knob("val/acc", "a sweep's parent run names its best child by this metric")
+    optimized_direction: str = knob("max", "whether larger or smaller values of optimized_metric are better", choices=("max", "min"))
+    metric_floor: MetricFloorConfig = knob_factory(MetricFloorConfig, "a run must reach this to count as best (and for a sweeper, e.g. Optuna)")
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 2
-    batch_size: int = 64
-    optimizer: str = "sgd"  # sgd | adam
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    iterations_per_epoch: Optional[int] = None  # cap (quick runs); null = the whole training split
-    eval_batch_size: int = 512
-    checkpoint: bool = True  # write <run dir>/checkpoint at every epoch end (runtime=sim)
-    resume: Optional[str] = None  # a run directory: continue that run from its last checkpoint
-    on_nonfinite: str = "fail"  # fail | warn | ignore: a NaN/inf loss, parameter or received tensor (framework/nonfinite.py)
+    epochs: int = knob(2, "epochs to train", range=Range(0, integer=True))
+    batch_size: int = knob(64, "samples per mini-batch", range=Range(1, integer=True))
+    optimizer: str = knob("sgd", "the optimizer", choices=("sgd", "adam"))
+    lr: float = knob(0.05, "the learning rate", range=Range(0, low_open=True))
+    momentum: float = knob(0.9, "SGD's momentum (adam ignores it)", range=Range(0, 1, high_open=True))
+    weight_decay: float = knob(0.0, "the optimizer's weight decay (L2 penalty)", range=Range(0))
+    iterations_per_epoch: Optional[int] = knob(None, "cap (quick runs); null = the whole training split", range=Range(1, integer=True, null=True))
+    eval_batch_size: int = knob(512, "samples per evaluation batch", range=Range(1, integer=True))
+    checkpoint: bool = knob(True, "write <run dir>/checkpoint at every epoch end (weights, optimizer, RNG, clock, links; runtime=sim)")
+    resume: Optional[str] = knob(None, "a run directory: continue that run from its last checkpoint")
+    on_nonfinite: str = knob("fail", "what a NaN/inf loss, parameter or received tensor does: fail | warn | ignore (framework/nonfinite.py)", choices=("fail", "warn", "ignore"))
 
 
 @dataclass
@@ -291,7 +220,7 @@ class Config:
     runtime: Any = MISSING
     tracking: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
-    seed: int = 0
+    seed: int = knob(0, "the run's random seed (initial weights, batch order, the links' and codecs' draws; the data's own is dataset.seed)", range=SEED)
 
 
 BASE_SCHEMAS = {

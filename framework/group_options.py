@@ -8,7 +8,7 @@ import difflib
 from pathlib import Path
 
 from framework import registry
-from framework.config import CONF_DIR, extra_config_dirs, search_dirs, yaml_presets
+from framework.config_dirs import CONF_DIR, extra_config_dirs, search_dirs, yaml_presets
 from framework.errors import CHOICES_MOST, listing
 
 

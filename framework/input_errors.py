@@ -6,7 +6,7 @@ several lines (or a stack trace) and exits 1. Here:
 - `override_problem` reads each override with Hydra's own parser before anything runs, so
   `=3`, `scheduler=[` or `model=lenet,mlp` without `-m` get one line naming the override;
 - `hydra_problem` turns the exception Hydra or OmegaConf raised while composing the config into
-  one line naming the key, what it takes (its range from framework.validate_numbers, or its type)
+  one line naming the key, what it takes (its field's range or choices, framework.knobs, or its type)
   and, for a key that does not exist, the keys there are, a "did you mean" and the options of the
   group that have it (`model.depth`: model=mlp has it);
 - `run_app` runs the Hydra app so that those exceptions reach `hydra_problem`. An exception the
@@ -38,9 +38,9 @@ from hydra.errors import ConfigCompositionException, HydraException, OverridePar
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, OmegaConfBaseException, ValidationError
 
-from framework import registry, validate_numbers
-from framework.config import CONF_DIR, extra_config_dirs
-from framework.errors import CHOICES_MOST, PipelabError, listing, one_line
+from framework import knobs, registry
+from framework.config_dirs import CONF_DIR, extra_config_dirs
+from framework.errors import CHOICES_MOST, LINE_MAX, PipelabError, listing, one_line
 from framework.group_options import check_group_overrides, group_choices
 
 # Hydra's flags that take a value (`--cfg job`): that value is not an override
@@ -226,7 +226,7 @@ def _wrong_type(key: str, e, argv: list[str]) -> str:
     hint = typing.get_type_hints(schema).get(leaf) if dataclasses.is_dataclass(schema) else None
     if hint is None:  # an item of a typed list: OmegaConf's own words
         return f"{key}: {str(e.msg).splitlines()[0]}"
-    takes = validate_numbers.describe(key) or _words(hint)
+    takes = knobs.takes(schema, leaf) or _words(hint)  # the field's range or choices
     arg = _arg_for(key, argv, e.value)
     raw = arg.split("=", 1)[1] if arg and arg.split("=", 1)[0].lstrip("+~") == key else repr(e.value)
     default = ""
@@ -240,8 +240,11 @@ def _wrong_type(key: str, e, argv: list[str]) -> str:
         first = dataclasses.fields(hint)[0].name
         return f"{key}: {raw} is not {_words(hint)}; set its keys one at a time, e.g. {key}.{first}=..."
     if raw == "":
-        return f"{key}: no value given ({key}=); {key} takes {takes}{default}"
-    return f"{key}: {raw!r} is not {_words(hint)}; {key} takes {takes}{default}"
+        line = f"{key}: no value given ({key}=); {key} takes {takes}{default}"
+    else:
+        line = f"{key}: {raw!r} is not {_words(hint)}; {key} takes {takes}{default}"
+    meaning = knobs.doc(schema, leaf)  # what the key is for, where the line has room
+    return f"{line}: {meaning}" if meaning and len(f"error: {line}: {meaning}") <= LINE_MAX else line
 
 
 def _unknown_key(key: str, parent, argv: list[str]) -> str:

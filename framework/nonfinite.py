@@ -38,8 +38,11 @@ from contextlib import contextmanager
 
 import torch
 
-from framework.config import NONFINITE_POLICIES as POLICIES
+from framework.config import TrainConfig
 from framework.errors import PipelabError
+from framework.knobs import choices
+
+POLICIES = choices(TrainConfig, "on_nonfinite")
 
 
 class NonFiniteError(PipelabError):

@@ -25,10 +25,9 @@ import math
 import re
 from typing import Any, Callable, Iterable, Optional
 
-from framework import registry
+from framework import knobs, registry
+from framework.config import TrackingConfig
 from framework.errors import ConfigError, listing
-
-DIRECTIONS = ("max", "min")
 
 # The metrics a run can record: what tracking.optimized_metric and tracking.metric_floor.metric
 # may name. `<...>` in a name stands for any text (a role, a link, a layer, a counter). The core
@@ -107,9 +106,7 @@ def describe_floor(tcfg) -> str:
 
 def check(tcfg) -> None:
     """Config errors in the objective's keys, before anything runs."""
-    direction = tcfg.get("optimized_direction", "max")
-    if direction not in DIRECTIONS:
-        raise ConfigError("tracking.optimized_direction", f"{direction!r} is not a direction; choices: {', '.join(DIRECTIONS)}")
+    knobs.check({"optimized_direction": tcfg.get("optimized_direction", "max")}, TrackingConfig, "tracking")  # a sweep's parent checks it too
     if not str(tcfg.get("optimized_metric") or "").strip():
         raise ConfigError("tracking.optimized_metric", "names no metric; give one a run records, e.g. val/acc or time/epoch_virtual_s")
     check_metric("tracking.optimized_metric", str(tcfg.get("optimized_metric")))

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import yaml
 
+from framework import knobs
+from framework.config import DeviceConfig
 from framework.errors import ConfigError
-from framework.validate_numbers import DEVICE
 
 TABLE_DIR = Path(__file__).resolve().parent.parent / "conf" / "profile_tables"
 
@@ -118,9 +119,7 @@ def device_table(cfg, name: str, num_units: int | None) -> ProfileTable:
         raise ConfigError(f"{where}.table_device", f"{cfg.table_device!r} is not a column of profile table {cfg.table!r}; choices: {', '.join(table.devices)}")
     if num_units is not None and num_units != table.units:
         raise ConfigError(f"{where}.table", f"profile table {cfg.table!r} prices a {table.units}-unit {table.model}, but the model has {num_units} units")
-    why = DEVICE["forward_fraction"].problem(cfg.forward_fraction)  # also checked before the run (validate_numbers)
-    if why:
-        raise ConfigError(f"{where}.forward_fraction", why)
+    knobs.check({"forward_fraction": cfg.forward_fraction}, DeviceConfig, where)  # also checked before the run (validate_knobs)
     return table
 
 

@@ -35,7 +35,8 @@ from typing import Any, Callable
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from framework.config import yaml_presets
+from framework import knobs
+from framework.config_dirs import yaml_presets
 from framework.core_plugins import CORE_PLUGINS
 from framework.errors import ConfigError, PipelabError
 
@@ -233,13 +234,17 @@ def declared(group: str, name: str) -> Entry:
 def build(group: str, cfg: Any, *args, **kwargs) -> Any:
     """Instantiate the plugin that `cfg.name` names in `group`. The plugin receives its config in
     one shape whoever calls (the CLI's composed config, the Python API's dataclass or dict):
-    `typed_config`."""
+    `typed_config`, every knob in its schema's range and among its choices (framework.knobs), so
+    a plugin checks only what its fields cannot say."""
     cfg = as_config(cfg)
     name = cfg.get("name")
     if not name:
         raise ConfigError(f"{group}.name", f"missing; registered {group}s: {', '.join(names(group))}")
-    found = entry(group, name)
-    return found.factory(typed_config(found, cfg), *args, **kwargs)
+    found = declared(group, name)
+    typed = typed_config(found, cfg)
+    if found.schema is not None:
+        knobs.check(typed, found.schema, group)
+    return entry(group, name).factory(typed, *args, **kwargs)
 
 
 def as_config(cfg: Any) -> DictConfig:

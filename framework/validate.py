@@ -1,9 +1,10 @@
 """Cross-field checks that fail before anything runs, with messages a user can act on.
 
 Types and unknown keys are Hydra's job (the schemas); this catches what a type cannot say:
-numbers out of range or not finite (framework.validate_numbers), choices, and options the chosen
-runtime would ignore. Plugins check their own combinations when they are built, which also happens before the
-tracking run starts.
+numbers out of range or not finite and words not among their choices (each knob's, read from its
+schema field by framework.validate_knobs), and options the chosen runtime would ignore. Plugins
+check their own combinations when they are built, which also happens before the tracking run
+starts.
 """
 
 from __future__ import annotations
@@ -17,13 +18,10 @@ from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework import objective, registry, validate_numbers
-from framework.config import BASE_SCHEMAS, NONFINITE_POLICIES, TIME_MODELS, Config, TrainConfig
+from framework import objective, registry, validate_knobs
+from framework.config import Config, TrainConfig
 from framework.errors import ConfigError, listing
 from framework.profile_tables import table_names
-
-DTYPES = ("float32", "float64")
-OPTIMIZERS = ("sgd", "adam")
 
 
 def _check_keys(node, schema, where: str) -> None:
@@ -52,8 +50,7 @@ def check_known_keys(cfg) -> None:
             raise ConfigError(str(key), f"no such key{hint} (top-level keys: {', '.join(names)})")
     _check_keys(cfg.train, TrainConfig, "train.")
     for group in registry.GROUPS:
-        schema = registry.declared(group, cfg[group].name).schema if group != "cluster" else None
-        _check_keys(cfg[group], schema or BASE_SCHEMAS[group], f"{group}.")
+        _check_keys(cfg[group], validate_knobs.group_schema(group, cfg[group].name), f"{group}.")
 
 
 def validate(cfg) -> None:
@@ -65,12 +62,8 @@ def validate(cfg) -> None:
             continue  # cluster presets are data; their fields are checked by framework.cluster
         registry.declared(group, cfg[group].name)  # an unknown name fails here; the code is imported when built
     check_known_keys(cfg)
-    validate_numbers.check(cfg)  # every number finite, every core knob in its range
+    validate_knobs.check(cfg)  # every knob in its range and choices, every number finite
     t = cfg.train
-    if t.optimizer not in OPTIMIZERS:
-        raise ConfigError("train.optimizer", f"{t.optimizer!r} is not an optimizer; choices: {', '.join(OPTIMIZERS)}")
-    if t.on_nonfinite not in NONFINITE_POLICIES:
-        raise ConfigError("train.on_nonfinite", f"{t.on_nonfinite!r} is not a choice; choices: {', '.join(NONFINITE_POLICIES)}")
     s = cfg.scheduler
     if s.microbatches > t.batch_size:
         raise ConfigError(
@@ -79,10 +72,8 @@ def validate(cfg) -> None:
         )
     objective.check(cfg.tracking)  # optimized_direction, optimized_metric, metric_floor
     check_tracking(cfg.tracking)
-    if cfg.runtime.dtype not in DTYPES:
-        raise ConfigError("runtime.dtype", f"{cfg.runtime.dtype!r} is not supported; choices: {', '.join(DTYPES)}")
     check_runtime(cfg)
-    check_time_models(cfg.cluster)
+    check_tables(cfg.cluster)
 
 
 # where MLflow can keep runs: a tracking URI's scheme (a bare path is a folder of runs)
@@ -101,12 +92,10 @@ def check_tracking(tcfg) -> None:
 
 
 def check_replica_conv(runtime, device: str) -> None:
-    """`runtime.replica_conv` names a choice, and only where replicas are batched."""
+    """`runtime.replica_conv` (one of its choices: validate_knobs) only where replicas are batched."""
     conv = runtime.get("replica_conv")
     if conv is None:
         return
-    if conv not in ("matmul", "grouped"):
-        raise ConfigError("runtime.replica_conv", f"{conv!r} is not a way to convolve batched replicas; choices: matmul, grouped, null (matmul on cuda, grouped on cpu)")
     if not runtime.numerics:
         raise ConfigError("runtime.replica_conv", "sets how batched replicas convolve, and a timing-only run (runtime.numerics=false) convolves nothing; leave runtime.replica_conv=null")
     batched = runtime.get("batch_replicas")
@@ -137,15 +126,13 @@ def check_runtime(cfg) -> None:
             raise ConfigError("runtime.python", f"{python!r} is not an executable; give the interpreter of the role processes (a path or a name on PATH), or null for this one")
 
 
-def check_time_models(cluster) -> None:
-    """`time_model` and `table` of the device template and of each device entry, named by the key
-    they were set at. A table is checked whatever the time model: a name that does not exist is a
-    mistake even where this device's time model does not read it (yet)."""
+def check_tables(cluster) -> None:
+    """`table` of the device template and of each device entry, named by the key it was set at,
+    whatever the time model: a name that does not exist is a mistake even where this device's
+    time model does not read it (yet). (`time_model` is among its choices: validate_knobs.)"""
     entries = [("cluster.device", cluster.device)] + [(f"cluster.devices.{k}", v) for k, v in (cluster.devices or {}).items()]
     for where, node in entries:
         model = node.get("time_model") if isinstance(node, DictConfig) else None
-        if model is not None and model not in TIME_MODELS:
-            raise ConfigError(f"{where}.time_model", f"{model!r} is not a time model; choices: {', '.join(TIME_MODELS)}")
         table = node.get("table") if isinstance(node, DictConfig) else None
         if table is not None and str(table) not in table_names():
             read = "" if model == "table" else " (read by time_model=table)"

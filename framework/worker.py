@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from framework import input_errors, registry
-from framework.config import CONF_DIR
+from framework.config_dirs import CONF_DIR
 from framework.errors import PipelabError, one_line
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.role_process import TRANSPORT_FAILED_EXIT, run_role

@@ -377,7 +377,7 @@ def test_the_preset_study_goes_the_way_of_tracking_and_a_contrary_one_is_an_erro
     against it stops the sweep before its parent run is made (on_multirun_start)."""
     from hydra import compose, initialize_config_dir
 
-    from framework.config import CONF_DIR
+    from framework.config_dirs import CONF_DIR
     from framework.multirun import MultirunParent
 
     def hydra_cfg(overrides):
@@ -394,7 +394,7 @@ def test_the_preset_study_goes_the_way_of_tracking_and_a_contrary_one_is_an_erro
     with pytest.raises(SystemExit) as e:  # a malformed objective stops the sweep in one line too
         MultirunParent().on_multirun_start(hydra_cfg(["tracking.optimized_direction=up"]))
     assert e.value.code == 2
-    assert capsys.readouterr().err.strip() == "error: tracking.optimized_direction: 'up' is not a direction; choices: max, min"
+    assert capsys.readouterr().err.strip() == "error: tracking.optimized_direction: 'up' is not a choice; choices: max, min"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from framework.config import RuntimeConfig
+from framework.knobs import Range, knob
 
 
 @dataclass
@@ -13,10 +14,10 @@ class SimConfig(RuntimeConfig):
     """Runs role programs on the virtual clock."""
 
     name: str = "sim"
-    torch_device: str = "cpu"  # where tensor work runs: cpu | cuda | cuda:<n> (time still comes from the device models)
-    batch_replicas: Optional[bool] = None  # run identical replicas' forwards/backwards as one vmapped call; null: on for cuda
-    replica_conv: Optional[str] = None  # batched convolutions: matmul (faster on a GPU, more memory) | grouped; null: matmul on cuda
-    tf32: bool = False  # cuda only: float32 convolutions and matmuls on TF32 tensor cores (faster, 10 mantissa bits: drifts from the CPU run)
+    torch_device: str = knob("cpu", "where tensor work runs: cpu | cuda | cuda:<n> (time still comes from the device models)")
+    batch_replicas: Optional[bool] = knob(None, "run identical replicas' forwards/backwards as one vmapped call; null: on for cuda")
+    replica_conv: Optional[str] = knob(None, "batched convolutions: matmul (faster on a GPU, more memory) | grouped; null: matmul on cuda, grouped on cpu", choices=("matmul", "grouped", None))
+    tf32: bool = knob(False, "cuda only: float32 convolutions and matmuls on TF32 tensor cores (faster, 10 mantissa bits: drifts from the CPU run)")
 
 
 @dataclass
@@ -25,13 +26,13 @@ class LocalConfig(RuntimeConfig):
 
     name: str = "local"
     progress: bool = True
-    run_id: Optional[str] = None  # topics are namespaced by it; null = a fresh id per run
-    join_timeout_s: float = 120.0  # every role must say `ready` within this
-    emulate_compute: bool = False  # stretch each computation to the device's time model
-    emulate_links: bool = False  # price every message with the cluster's link model, in real time
-    max_pending_bytes: int = 256 << 20  # a role's unsent data before its next compute waits
-    python: Optional[str] = None  # interpreter for role processes; null = this one
-    tune_malloc: bool = True  # keep freed megabyte buffers mapped (framework/runtime/allocator.py)
+    run_id: Optional[str] = knob(None, "topics are namespaced by it; null = a fresh id per run (runtime=remote prints it with the worker commands)")
+    join_timeout_s: float = knob(120.0, "every role must say `ready` within this", range=Range(0, low_open=True, note="seconds"))
+    emulate_compute: bool = knob(False, "true: stretch each computation to the device's time model")
+    emulate_links: bool = knob(False, "true: price every message with the cluster's link model (bandwidth, latency, loss), in real time")
+    max_pending_bytes: int = knob(256 << 20, "a role's unsent data before its next compute waits", range=Range(1, integer=True))
+    python: Optional[str] = knob(None, "interpreter for role processes; null = this one")
+    tune_malloc: bool = knob(True, "keep freed megabyte buffers mapped: no page faults per message (framework/runtime/allocator.py)")
 
 
 @dataclass

@@ -17,7 +17,6 @@ import torch
 
 from framework.codec import Encoded, register_codec
 from framework.compression import Compressor
-from framework.errors import ConfigError
 
 from plugins.compressors.accept_codecs import _SU_META, StochasticUniform, _bytes_view, _pack_nibbles, _rel_err, _split_shape
 
@@ -49,11 +48,7 @@ class LSQCompressor(Compressor):
     def __init__(self, cfg=None):
         super().__init__(cfg)
         self.scale_lr = float(cfg.get("scale_lr", 0.01)) if cfg is not None else 0.01
-        self.init_scale = float(cfg.get("init_scale", 0.25)) if cfg is not None else 0.25
-        if not 0 < self.init_scale < math.inf:  # a scale of 0 quantizes to nothing the receiver can decode
-            raise ConfigError("compressor.init_scale", f"must be a finite number > 0 (the activations' first quantization step; default 0.25), got {self.init_scale}")
-        if not 0 <= self.scale_lr < math.inf:
-            raise ConfigError("compressor.scale_lr", f"must be a finite number >= 0 (0 keeps init_scale; default 0.01), got {self.scale_lr}")
+        self.init_scale = float(cfg.get("init_scale", 0.25)) if cfg is not None else 0.25  # both in range: checked when built (registry.build)
 
     def encode_tensor(self, d, t, stream, **where):
         stream.setdefault("scale", self.init_scale)

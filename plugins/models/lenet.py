@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from framework import knobs
 from framework.errors import ConfigError
-from plugins.models.schemas import LeNetConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
-
-
-VARIANTS = ("lecun", "mxnet")
+from plugins.models.schemas import LeNetConfig  # the schemas live in a light module: registry.declare
 
 
 def lenet(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Module]]:
@@ -22,8 +20,7 @@ def lenet(cfg, input_shape: tuple, num_classes: int) -> list[tuple[str, nn.Modul
     if len(input_shape) != 3:
         raise ConfigError("model.name", f"lenet needs image input (C, H, W), got shape {tuple(input_shape)}")
     variant = str(cfg.variant)
-    if variant not in VARIANTS:
-        raise ConfigError("model.variant", f"{variant!r} is not a LeNet variant; choices: {', '.join(VARIANTS)}")
+    knobs.check({"variant": variant}, LeNetConfig, "model")  # also when the factory is called directly
     if variant == "mxnet":
         return lenet_mxnet(input_shape, num_classes)
     c, h, w = input_shape

@@ -7,45 +7,46 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from framework.config import ModelConfig
+from framework.knobs import knob
 
 
 @dataclass
 class MLPConfig(ModelConfig):
     name: str = "mlp"
-    hidden: int = 128  # width of every hidden layer
-    depth: int = 4  # number of units (Linear layers), >= 2
-    widths: Optional[List[int]] = None  # each hidden layer's width (overrides hidden and depth), e.g. [128, 64]: AdaLearner's 784-128-64-10
+    hidden: int = knob(128, "width of every hidden layer")
+    depth: int = knob(4, "number of units (Linear layers), >= 2")
+    widths: Optional[List[int]] = knob(None, "each hidden layer's width (overrides hidden and depth), e.g. [128, 64]: AdaLearner's 784-128-64-10")
 
 
 @dataclass
 class LeNetConfig(ModelConfig):
     name: str = "lenet"
-    variant: str = "lecun"  # lecun (LeNet-5: conv6, conv16, fc120, fc84; ReLU) | mxnet (MXNet's example: conv20, conv50, fc500; tanh; AdaLearner)
+    variant: str = knob("lecun", "lecun (LeNet-5: conv6, conv16, fc120, fc84; ReLU) | mxnet (MXNet's example: conv20, conv50, fc500; tanh; AdaLearner)", choices=("lecun", "mxnet"))
 
 
 @dataclass
 class VGG5Config(ModelConfig):
     name: str = "vgg5"
-    batchnorm: bool = True  # false drops BN, so float64 pipeline runs match a single device exactly
+    batchnorm: bool = knob(True, "false drops BN, so float64 pipeline runs match a single device exactly")
 
 
 @dataclass
 class ResNet18Config(ModelConfig):
     name: str = "resnet18"
-    small_input: bool = True  # inputs <= 32x32 get the CIFAR stem (3x3, stride 1, no maxpool)
+    small_input: bool = knob(True, "inputs <= 32x32 get the CIFAR stem (3x3, stride 1, no maxpool)")
 
 
 @dataclass
 class ResNet50Config(ModelConfig):
     name: str = "resnet50"
-    small_input: bool = True  # inputs <= 32x32 get the CIFAR stem (3x3, stride 1, no maxpool)
-    width: int = 64  # channels of the stem and of the first stage's bottleneck (64 = ResNet-50)
+    small_input: bool = knob(True, "inputs <= 32x32 get the CIFAR stem (3x3, stride 1, no maxpool)")
+    width: int = knob(64, "channels of the stem and of the first stage's bottleneck (64 = ResNet-50)")
 
 
 @dataclass
 class HARCNNConfig(ModelConfig):
     name: str = "har_cnn"
-    dropout: float = 0.6  # after the second conv, as in the reference code
+    dropout: float = knob(0.6, "dropout after the second conv, as in the reference code")
 
 
 @dataclass
@@ -56,7 +57,7 @@ class MobileNetV2Config(ModelConfig):
 @dataclass
 class MobileNetV3SmallConfig(ModelConfig):
     name: str = "mobilenetv3_small"
-    dropout: float = 0.0  # before FC-X; torchvision uses 0.2, PiPar's split is timed without it
+    dropout: float = knob(0.0, "dropout before FC-X")  # torchvision uses 0.2, PiPar's split is timed without it
 
 
 @dataclass

@@ -35,15 +35,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from framework import faults
+from framework import faults, knobs
 from framework.errors import ConfigError
 from framework.parent_death import die_with_parent
 from plugins.transports import broker_check
+from plugins.transports.mqtt_config import BrokerConfig
 from plugins.transports.mqtt_credentials import PASSWORD_ENV
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 1883
-SPAWN_CHOICES = ("auto", "always", "never")
 PROBE_USER = "_probe"  # a role name never starts with `_` (framework.transport.check_name)
 PORT_TRIES = 5
 
@@ -269,8 +269,7 @@ def resolve(broker_cfg, *, users: dict[str, str] | None = None, acl: str | None 
     """Where to connect, and the broker we started for it (stop it after the run), if any.
     `users`/`acl` lock a broker we start to the run (see Broker)."""
     spawn = broker_cfg.spawn
-    if spawn not in SPAWN_CHOICES:
-        raise ConfigError("transport.broker.spawn", f"{spawn!r} is not a choice; choices: {', '.join(SPAWN_CHOICES)}")
+    knobs.check({"spawn": spawn}, BrokerConfig, "transport.broker")  # also when called from code
     host, port = broker_cfg.get("host"), broker_cfg.get("port")
     if spawn == "always" or (spawn == "auto" and not named(broker_cfg)):
         if host is not None and host not in LOCAL_HOSTS:

@@ -33,7 +33,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from framework.knobs import choices
 from framework.specs import Data, absent_when_none
+from plugins.schedulers.adalearner.schema import AdaLearnerConfig
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class Schedule:
     tried: list[Estimate] = field(default_factory=list)
 
 
-ARCHITECTURES = ("auto", "fp32", "onebit")
+ARCHITECTURES = choices(AdaLearnerConfig, "architecture")
 
 
 def check_architecture(architecture: str) -> None:

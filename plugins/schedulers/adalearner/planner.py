@@ -25,8 +25,6 @@ from framework.errors import ConfigError
 from plugins.schedulers.adalearner import plan as ap
 from plugins.schedulers.adalearner.fifo import StarCosts, fifo_epoch_s
 
-PLANNERS = ("fifo", "paper", "paper_printed")
-
 
 class Costs:
     """What one iteration of a split costs, from the run's predictor, links and codec."""

@@ -47,10 +47,6 @@ from plugins.schedulers.adalearner.plan import AdaLearnerPlan
 from plugins.schedulers.adalearner.planner import make_plan
 from plugins.schedulers.adalearner.roles import GroupOwner, GroupOwnerSpec, Worker, WorkerSpec
 
-PARTITIONS = ("linear", "lookup_table")
-ARCHITECTURES = ("auto", "fp32", "onebit")
-PLANNERS = ("fifo", "paper", "paper_printed")  # plugins/schedulers/adalearner/planner.py
-
 
 class AdaLearner(Scheduler):
     def __init__(self, cfg, ctx):
@@ -73,14 +69,9 @@ class AdaLearner(Scheduler):
         self._shapes = None
 
     def _check_config(self) -> None:
-        cfg, ctx = self.cfg, self.ctx
-        for key, value, choices in (("partition", cfg.partition, PARTITIONS), ("architecture", cfg.architecture, ARCHITECTURES), ("planner", cfg.planner, PLANNERS)):
-            if value not in choices:
-                raise ConfigError(f"scheduler.{key}", f"{value!r}; choices: {', '.join(choices)}")
+        cfg, ctx = self.cfg, self.ctx  # ranges and choices: checked when built (framework.registry.build)
         if cfg.workers is not None and not 1 <= int(cfg.workers) <= len(self.candidates):
             raise ConfigError("scheduler.workers", f"must be in 1..{len(self.candidates)} (the worker candidates dev0..), or null for Algorithm 1's choice; got {cfg.workers}")
-        if not cfg.lookup_step_s > 0:
-            raise ConfigError("scheduler.lookup_step_s", f"must be > 0 seconds, got {cfg.lookup_step_s}")
         stats = [n for n, b in ctx.model.named_buffers() if b.is_floating_point()]
         if stats:
             raise ConfigError("model", f"scheduler=adalearner synchronises parameters only, and {ctx.cfg.model.name} keeps running statistics ({stats[0]}, ...); use a model without BatchNorm (e.g. model.batchnorm=false)")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from framework.config import PipelineConfig
+from framework.knobs import knob
 
 
 @dataclass
@@ -29,6 +30,6 @@ class OneFOneBConfig(PipelineConfig):
 @dataclass
 class PipeDreamConfig(PipelineConfig):
     name: str = "pipedream"
-    # mini-batches stage 0 admits before its first backward; null: one per stage (FTPipeHD's
-    # semaphore). 2S-1 also counts each link as a stage (PipeDream's planner): see one_f_one_b
-    in_flight: Optional[int] = None
+    microbatches: int = 1  # the mini-batch is the unit of pipelining
+    # 2S-1 also counts each link as a stage (PipeDream's planner): see one_f_one_b
+    in_flight: Optional[int] = knob(None, "mini-batches stage 0 admits before its first backward; null: one per stage (FTPipeHD's semaphore of N)")

@@ -28,18 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from framework.errors import ConfigError
 from framework.specs import Data
 from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
 SNAP_SLOTS = "snap_slots"
-
-
-def check(cfg) -> None:
-    if cfg.eval_every_min is not None and not float(cfg.eval_every_min) > 0:
-        raise ConfigError("scheduler.eval_every_min", f"must be > 0 simulated minutes (or null: no curve), got {cfg.eval_every_min}")
-    if int(cfg.eval_passes) < 1:
-        raise ConfigError("scheduler.eval_passes", f"must be >= 1, got {cfg.eval_passes}")
 
 
 def grid(every_min: float, slot_s: float, total_slots: int) -> list[int]:

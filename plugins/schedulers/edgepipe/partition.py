@@ -24,12 +24,14 @@ from typing import Sequence
 
 import numpy as np
 
+from framework.knobs import choices
 from framework.specs import Data
+from plugins.schedulers.edgepipe.schema import SuperNeuronConfig
 
 log = logging.getLogger(__name__)
 
-CLASSES = ("vertical", "hybrid", "horizontal")
-ROUNDINGS = ("hamilton", "half_up", "half_even")
+CLASSES = choices(SuperNeuronConfig, "partition_class")
+ROUNDINGS = choices(SuperNeuronConfig, "rounding")
 
 
 @dataclass(frozen=True)

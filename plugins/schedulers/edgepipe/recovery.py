@@ -31,16 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from framework.errors import ConfigError
-
-RECOVERIES = ("none", "rtx", "ack")
 ACK_BYTES = 11  # an 802.15.4 ACK frame: 5-byte MPDU + 6-byte PHY header
-
-
-def check(cfg, run_cfg) -> None:
-    """The recovery keys of scheduler config `cfg` (the choice itself is checked with the rest)."""
-    if int(cfg.ack_max_retries) < 0:
-        raise ConfigError("scheduler.ack_max_retries", f"must be >= 0, got {cfg.ack_max_retries}")
 
 
 def max_transmissions(cfg) -> int:

@@ -41,13 +41,6 @@ from plugins.schedulers.edgepipe.dense import glorot_init, linear_of, mlp_sizes,
 from plugins.schedulers.edgepipe.roles import Recovery, SuperNeuronRole, SuperNeuronSpec
 from plugins.schedulers.edgepipe.lossy_eval import lossy_test
 
-MAPPINGS = ("ga", "random", "upper", "identity")
-BWD_MODES = ("masked", "phantom")
-SHARE_MISSING = ("abort", "zero_fill")
-RECOVERIES = recovery.RECOVERIES
-INITS = ("glorot", "model")
-PRR_SOURCES = ("channel", "given", "cluster")
-
 
 class SuperNeuron(Scheduler):
     runtimes = ("sim", "local")
@@ -87,24 +80,10 @@ class SuperNeuron(Scheduler):
     # ---- configuration -----------------------------------------------------------------------
 
     def _check_config(self) -> None:
+        """What the schema's ranges and choices cannot say (those are checked when the scheduler
+        is built: framework.registry.build)."""
         cfg = self.cfg
-        for key, value, choices in (("partition_class", cfg.partition_class, part.CLASSES), ("mapping", cfg.mapping, MAPPINGS),
-                                    ("bwd_mode", cfg.bwd_mode, BWD_MODES), ("share_missing", cfg.share_missing, SHARE_MISSING), ("rounding", cfg.rounding, part.ROUNDINGS),
-                                    ("prr.source", cfg.prr.source, PRR_SOURCES), ("recovery", cfg.recovery, RECOVERIES),
-                                    ("init", cfg.init, INITS)):
-            if value not in choices:
-                raise ConfigError(f"scheduler.{key}", f"{value!r} is not one of the choices: {', '.join(choices)}")
-        if cfg.slot_s is not None and not float(cfg.slot_s) > 0:
-            raise ConfigError("scheduler.slot_s", f"must be > 0 seconds (or null: from the cluster's models), got {cfg.slot_s}")
-        if not float(cfg.slot_margin_s) >= 0:
-            raise ConfigError("scheduler.slot_margin_s", f"must be >= 0, got {cfg.slot_margin_s}")
-        if int(cfg.rtx_copies) < 1:
-            raise ConfigError("scheduler.rtx_copies", f"must be >= 1, got {cfg.rtx_copies}")
-        recovery.check(cfg, self.ctx.cfg)
         budget.check(cfg, self.ctx.cfg)
-        curve.check(cfg)
-        if int(cfg.lossy_test_passes) < 0:
-            raise ConfigError("scheduler.lossy_test_passes", f"must be >= 0, got {cfg.lossy_test_passes}")
         if cfg.prr.source == "given" and not cfg.prr.matrix:
             raise ConfigError("scheduler.prr.matrix", "prr.source=given needs the N x N matrix PRR[i][j] from device i to j")
         if str(self.ctx.cfg.train.optimizer) != "sgd":

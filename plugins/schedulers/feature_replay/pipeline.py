@@ -31,7 +31,10 @@ import collections
 import math
 from dataclasses import dataclass
 
-POLICIES = ("block", "fixed", "group", "discard")
+from framework.knobs import choices
+from plugins.schedulers.feature_replay.schema import FeatureReplayConfig
+
+POLICIES = choices(FeatureReplayConfig, "staleness_policy")  # what epoch_seconds walks
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,6 @@ from plugins.schedulers.feature_replay.pricing import Pricing
 from plugins.schedulers.feature_replay.role_specs import DownstreamSpec, SideSpec, StalenessBound, UpstreamSpec
 from plugins.schedulers.feature_replay.upstream import UpstreamRole
 
-POLICIES = pipeline.POLICIES
-
 
 class FeatureReplay(Scheduler):
     def __init__(self, cfg, ctx):
@@ -85,12 +83,6 @@ class FeatureReplay(Scheduler):
 
     def _check_config(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        if cfg.staleness_policy not in POLICIES:
-            raise ConfigError("scheduler.staleness_policy", f"{cfg.staleness_policy!r} is not a policy; choices: {', '.join(POLICIES)}")
-        if cfg.cost_model not in COST_MODELS:
-            raise ConfigError("scheduler.cost_model", f"{cfg.cost_model!r} is not a cost model; choices: policy (the staleness policy's pipeline), paper (Eq. 12, Alg. 2 as printed)")
-        if cfg.K is not None and int(cfg.K) < 0:
-            raise ConfigError("scheduler.K", f"the staleness bound must be >= 0 (or null: unbounded), got {cfg.K}")
         for i, entry in enumerate(cfg.K_schedule or []):
             if len(entry) != 2 or int(entry[0]) < 0 or (entry[1] is not None and int(entry[1]) < 0):
                 raise ConfigError(f"scheduler.K_schedule[{i}]", f"{list(entry)} is not [epoch >= 0, K >= 0 or null]")
@@ -99,8 +91,6 @@ class FeatureReplay(Scheduler):
                 raise ConfigError(f"scheduler.{key}", f"no device {dev!r}; devices: {listing(ctx.cluster.devices)}")
         if self.edge_device == self.cloud_device:
             raise ConfigError("scheduler.cloud_device", f"edge and cloud are both {self.edge_device!r}; they need two devices and a link")
-        if cfg.upstream not in ("edge", "cloud"):
-            raise ConfigError("scheduler.upstream", f"{cfg.upstream!r} is not a party; choices: edge (discriminative models), cloud (generative: the edge keeps the targets)")
         if self.reversed:
             if cfg.adaptive or cfg.cut is None:
                 raise ConfigError("scheduler.adaptive" if cfg.adaptive else "scheduler.cut", "with upstream=cloud (a generative model) the cut is fixed: the decision engine places the edge's input-side blocks; set scheduler.cut and scheduler.adaptive=false")

@@ -39,8 +39,10 @@ import math
 from dataclasses import asdict, dataclass
 
 from framework.cluster import Work
+from framework.knobs import choices
+from plugins.schedulers.pipar.schema import CollabConfig
 
-ESTIMATORS = ("table1", "code_legacy")
+ESTIMATORS = choices(CollabConfig, "estimator")  # the DAGs table1_dag builds
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,6 @@ from plugins.schedulers.pipar.refine import refine, trial_cost
 from plugins.schedulers.pipar.search import exhaustive, trial_iteration
 from plugins.schedulers.pipar.model_vectors import UnitLayout
 
-SELECT = ("auto", "paper", "exhaustive", "refine")
-
 
 def split_points(max_device_units: int | None, num_units: int) -> range:
     """The P a device may take: 1..Q' (Q' = `max_device_units`, at most Q - 1)."""

@@ -40,19 +40,14 @@ from functools import cached_property
 from framework.data import shard_indices
 from framework.errors import ConfigError, listing
 from framework.scheduler import Role, Scheduler
-from plugins.schedulers.pipar import plan as plan_mod
 from plugins.schedulers.pipar.aggregator import FedRole
 from plugins.schedulers.pipar.idle import idle_times
 from plugins.schedulers.pipar.iteration import SERVER
-from plugins.schedulers.pipar.planner import SELECT, Planner, split_points
+from plugins.schedulers.pipar.planner import Planner, split_points
 from plugins.schedulers.pipar.roles import DeviceRole, ServerRole
 from plugins.schedulers.pipar.specs import (CollabPlan, CollabRoleSpec, DevicePlan, DeviceRecord, DeviceSpec, FedSpec, PlannerKnobs, ServerSpec, Shard, aggregates,
                                             iterations_per_epoch)
 from plugins.schedulers.pipar.training import device_batches
-
-SERVER_MODES = ("parallel", "sequential")
-SHARDS = ("contiguous", "dirichlet")
-RESELECT_MODES = ("full_profile", "reestimate_only")
 
 
 class Collaborative(Scheduler):
@@ -100,20 +95,11 @@ class Collaborative(Scheduler):
     # ---- configuration ---------------------------------------------------------------------
 
     def _check_config(self) -> None:
+        """What the schema's ranges and choices cannot say (those are checked when the scheduler
+        is built: framework.registry.build)."""
         c = self.cfg
-        for key, value, choices in (("select", c.select, SELECT), ("server_mode", c.server_mode, SERVER_MODES), ("shard", c.shard, SHARDS), ("estimator", c.estimator, plan_mod.ESTIMATORS), ("reselect_mode", c.reselect_mode, RESELECT_MODES)):
-            if value not in choices:
-                raise ConfigError(f"scheduler.{key}", f"{value!r} is not an option; choices: {', '.join(choices)}")
         if int(c.microbatches) != 1:
             raise ConfigError("scheduler.microbatches", f"scheduler={c.name} sets its micro-batches with scheduler.N (PiPar's parallel batch number); leave microbatches at 1")
-        if c.aggregate_every < 1:
-            raise ConfigError("scheduler.aggregate_every", f"must be >= 1 epoch, got {c.aggregate_every}")
-        if not c.dirichlet_alpha > 0:  # also checked when shard=contiguous: a sweep may switch it on
-            raise ConfigError("scheduler.dirichlet_alpha", f"must be a number > 0 (the Dirichlet concentration of scheduler.shard=dirichlet: small = few labels per device), got {c.dirichlet_alpha}")
-        if c.dp_sigma < 0:
-            raise ConfigError("scheduler.dp_sigma", f"must be >= 0, got {c.dp_sigma}")
-        if c.dp_clip is not None and c.dp_clip <= 0:
-            raise ConfigError("scheduler.dp_clip", f"must be > 0 (or null), got {c.dp_clip}")
         batch = self.ctx.cfg.train.batch_size
         if c.N is not None and not 1 <= c.N <= batch:
             raise ConfigError("scheduler.N", f"must be in 1..train.batch_size={batch}, got {c.N}")
@@ -327,8 +313,6 @@ class SFL(Collaborative):
         super()._check_config()
         if self.cfg.N not in (None, 1):
             raise ConfigError("scheduler.N", f"sfl trains one batch at a time (N = 1), got {self.cfg.N}; use scheduler=pipar for N > 1")
-        if self.cfg.server_model not in ("per_device", "shared"):
-            raise ConfigError("scheduler.server_model", f"{self.cfg.server_model!r} is not an option; choices: per_device, shared")
 
     def adjust_plans(self, plans):
         if self.cfg.server_model == "shared" and len({p.P for p in plans}) != 1:
