@@ -22,7 +22,7 @@ NO_LINK_BOUND = "cluster.link.bandwidth_bps=inf"  # Table 4.2.2's bandwidth is n
 
 
 def true_cost_epoch_s(sched) -> float:
-    """The scheduler's plan as its planner (framework.pipeline_cost) prices it with the devices' own times."""
+    """The scheduler's plan as its planner (framework.pipeline.cost) prices it with the devices' own times."""
     from plugins.predictors.basic import OraclePredictor
 
     ctx = sched.ctx
@@ -45,7 +45,7 @@ def _last_layers(cuts) -> tuple[int, ...]:
 
 def average_cuts(job) -> list[int]:
     """FTPipeHD's average partition: the DP with every device taken as fast as the central node."""
-    from framework.partition import partition
+    from framework.pipeline.partition import partition
     from plugins.predictors.basic import OraclePredictor
 
     d0 = job.cluster.device("dev0")

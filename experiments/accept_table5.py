@@ -196,7 +196,7 @@ def main() -> int:
                          + " / ".join(str(cells[(sc, bw, m)]["cuts"]) for m in METHODS) + " |")
         lines.append("")
     lines += ["![speed-up against bandwidth](speedup_vs_bandwidth.png)", "", "## The plans' predicted epochs", "",
-              "`predicted`: plan/predicted_epoch_s (the method's predictor; framework/pipeline_cost.py plays the stages' actions out); "
+              "`predicted`: plan/predicted_epoch_s (the method's predictor; framework/pipeline/cost.py plays the stages' actions out); "
               "`true-cost plan`: the same plan played out on the devices' own times; `simulated`: the epoch the run took.", "",
               "| scenario | Mbit/s | method | predicted s | true-cost plan s | simulated s | simulated / predicted | simulated / true-cost |", "|---|---|---|---|---|---|---|---|"]
     for (sc, bw, m), c in cells.items():

@@ -3,10 +3,10 @@
 `bench_replicas.py` compares batched against one at a time; this takes the batched GPU epoch
 (FL and PiPar, K = 64 VGG-5s, CIFAR-shaped, batch 32, as there) apart:
 
-- **ablations**: the replica bank (framework/replica_bank.py: the group's SGD step over one tensor
+- **ablations**: the replica bank (framework/replicas/bank.py: the group's SGD step over one tensor
   per parameter), its held gradients (a batched backward's gradients left stacked in the bank,
   `replicas._holding_bank`), the block copies of models (`models._copy_in_blocks`) and checkpoint files
-  written in the background (framework/checkpoint_writer.py), each switched off by replacing
+  written in the background (framework/checkpoints/writer.py), each switched off by replacing
   the function that does it, alternating with the full tree over `--repeats` rounds (medians);
   one epoch, and `--epochs` epochs for the background write, whose file overlaps the next epoch;
 - **phases**: the seconds of a batched epoch spent taking its checkpoint and copying models,
@@ -38,8 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 import experiments.bench_replicas as bench  # noqa: E402
 import framework.job as job_module  # noqa: E402
-from framework import models, registry, replica_bank, replicas  # noqa: E402
-from framework.checkpoint_writer import CheckpointWriter  # noqa: E402
+from framework import models, registry  # noqa: E402
+from framework.replicas import bank as replica_bank
+from framework.replicas import batched as replicas
+from framework.checkpoints.writer import CheckpointWriter  # noqa: E402
 
 _ORIGINAL = {"bank": replica_bank.step, "held": replicas._holding_bank, "blocks": models._copy_in_blocks, "writer": job_module.CheckpointWriter}
 _OFF = {

@@ -8,7 +8,7 @@ backward and SGD step each, timed per step (medians of `--steps` after warm-up):
 - `vmap`: `torch.func.vmap` of `functional_call` over stacked parameters and buffers (vmap
   turns each per-replica convolution into one grouped convolution: `runtime.replica_conv=grouped`);
 - `vmap, convolutions as matmul`: the same with each convolution a batched matrix product
-  (framework/batched_conv.py), as `framework.replicas` runs a batched call on a GPU.
+  (framework/replicas/conv.py), as `framework.replicas.batched` runs a batched call on a GPU.
 
 Each runs with TF32 off (the run's default) and on (`runtime.tf32=true`); beside each is the
 largest difference of the parameters after one step from the one-at-a-time run (rounding, not
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from framework import registry  # noqa: E402
-from framework.batched_conv import ConvAsMatmul  # noqa: E402
+from framework.replicas.conv import ConvAsMatmul  # noqa: E402
 from framework.cli import CONF_DIR  # noqa: E402
 from framework.models import build_model  # noqa: E402
 

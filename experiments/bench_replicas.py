@@ -8,7 +8,7 @@ process, in these ways (the `gpu` ones where CUDA exists):
 - `cpu batched`: `runtime.batch_replicas=true`, identical replicas as one vmapped call;
 - `gpu` and `gpu batched`: the same with `runtime.torch_device=cuda` (only where CUDA exists);
   batched on a GPU, convolutions run as batched matrix products (`runtime.replica_conv=matmul`,
-  framework/batched_conv.py); `gpu batched grouped` runs them as vmap's grouped convolutions;
+  framework/replicas/conv.py); `gpu batched grouped` runs them as vmap's grouped convolutions;
 - `gpu tf32` and `gpu batched tf32`: the same with `runtime.tf32=true` (float32 math on the
   tensor cores: faster, and drifts from the CPU run; accuracy is printed beside).
 

@@ -23,7 +23,7 @@ outputs/bench_startup/results.json.
 `--phases` instead runs the 10-device case once, in a fresh process of this tree with timers
 wrapped around its steps, and prints where the run process's wall time goes (imports, the role
 building, the simulation, the written outputs, and how long it waits for MLflow's recorder,
-which imports MLflow and writes the records beside it: framework.tracking_process):
+which imports MLflow and writes the records beside it: framework.tracking.recorder):
 
     python experiments/bench_startup.py --phases
 """
@@ -98,7 +98,7 @@ def imported(label, name):
 
 
 imported("import framework's CLI (no torch)", "framework.cli")
-import framework.cli as cli, framework.tracking_process as tp
+import framework.cli as cli, framework.tracking.recorder as tp
 
 fork = tp.start
 

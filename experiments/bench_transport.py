@@ -172,7 +172,7 @@ def gloo_worker(rank: int, port: int, sizes: list[int], reps: list[int], out: st
 
 def spawn(*args, secret: bytes | None = None) -> subprocess.Popen:
     """This script with `args`; `secret` in a pipe, as runtime=local hands a role its credentials."""
-    from framework import secret_pipe
+    from framework.runtime import secret_pipe
 
     return secret_pipe.popen([sys.executable, __file__, *map(str, args)], secret, env=dict(os.environ), cwd=ROOT)
 
@@ -352,7 +352,7 @@ def gpipe_torch_worker(rank: int, port: int, steps: int, out: str) -> None:
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     from framework.models import build_model
-    from framework.partition import partition
+    from framework.pipeline.partition import partition
 
     torch.manual_seed(0)
     model = build_model(OmegaConf.load(ROOT / "conf/model/vgg5.yaml"), (3, 32, 32), 10)

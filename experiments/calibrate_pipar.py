@@ -159,7 +159,7 @@ def rounded(c: dict) -> dict:
 
 
 def analytic_device(consts: dict, slowdown: float = 1.0):
-    from framework.config import DeviceConfig
+    from framework.config.schemas import DeviceConfig
 
     cfg = DeviceConfig(time_model="analytic", flops_per_s=consts["flops_per_s"], backward_ratio=consts["backward_ratio"], call_overhead_s=consts["call_overhead_s"],
                        step_flops_per_param=consts["step_flops_per_param"], kind_factors={**{k: v for k, v in consts["kind_factors"].items() if k != "elementwise"},

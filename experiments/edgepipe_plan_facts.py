@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from framework.knobs import choices
+from framework.config.knobs import choices
 from plugins.schedulers.edgepipe.schema import SuperNeuronConfig
 
 SIZES = (784, 128, 128, 128, 128, 10)  # Sec. V: the input layer, four hidden layers of 128, ten outputs

@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from experiments.study_runs import run_job
-from framework.knobs import choices
+from framework.config.knobs import choices
 from plugins.schedulers.feature_replay.schema import FeatureReplayConfig
 
 MB = 1 << 20

@@ -3,4 +3,4 @@ tracking and the CLI. It knows no paper; plugins register the concrete component
 
 __version__ = "0.1.0"
 
-from framework import config as _config  # noqa: F401  (stores the base schemas in Hydra's ConfigStore)
+from framework.config import schemas as _config  # noqa: F401  (stores the base schemas in Hydra's ConfigStore)

@@ -19,13 +19,23 @@ from hydra._internal.hydra import Hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from framework import faults, input_errors, knob_help, objective, registry, tracking_process
-from framework.config import task_overrides
-from framework.config_dirs import CONF_DIR
+from framework import registry
+
+from framework.tracking import faults
+
+from framework.config import input_errors
+
+from framework.config import knob_help
+
+from framework.tracking import objective
+
+from framework.tracking import recorder as tracking_process
+from framework.config.schemas import task_overrides
+from framework.config.dirs import CONF_DIR
 from framework.errors import PipelabError, one_line
-from framework.group_options import check_group_overrides, group_choices
-from framework.multirun import parent_run_id, sweep_keys
-from framework.validate import validate
+from framework.config.group_options import check_group_overrides, group_choices
+from framework.tracking.multirun import parent_run_id, sweep_keys
+from framework.config.validate import validate
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -34,7 +44,7 @@ def app(cfg: DictConfig) -> float | None:
     out_dir = hc.runtime.output_dir
     try:
         if cfg.train.resume:  # the stopped run's own config and folder
-            from framework.checkpoint import resumed_config  # torch: start-up
+            from framework.checkpoints.state import resumed_config  # torch: start-up
 
             cfg = resumed_config(cfg, task_overrides())
             out_dir = cfg.train.resume
@@ -50,8 +60,8 @@ def app(cfg: DictConfig) -> float | None:
     except PipelabError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(e.exit_status)
-    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (framework.faults)
-        from framework import checkpoint  # torch: start-up (Ctrl-C may come before torch)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (framework.tracking.faults)
+        from framework.checkpoints import state as checkpoint  # torch: start-up (Ctrl-C may come before torch)
 
         hint = f"; continue it with train.resume={out_dir}" if checkpoint.exists(out_dir) else ""
         tracked = "the MLflow run is marked FAILED; " if cfg.tracking.name == "mlflow" else ""
@@ -132,7 +142,7 @@ def main() -> None:
 
 
 def _main() -> None:
-    # a run's MLflow work starts now, in a forked recorder, beside the run (framework.tracking_process)
+    # a run's MLflow work starts now, in a forked recorder, beside the run (framework.tracking.recorder)
     tracking_process.start(sys.argv[1:])
     try:
         # plugin schemas must be in the ConfigStore before Hydra composes, and their names known
@@ -149,14 +159,14 @@ def _main() -> None:
         for group in registry.GROUPS + ("experiment",):
             print(f"  {group:<11} {', '.join(group_choices(group, sys.argv[1:])) or '-'}")
         return
-    # malformed overrides and unknown options: one line, before Hydra starts (framework.input_errors)
+    # malformed overrides and unknown options: one line, before Hydra starts (framework.config.input_errors)
     problem = input_errors.override_problem(sys.argv[1:]) or check_group_overrides(sys.argv[1:])
     if problem:
         print(f"error: {one_line(problem)}", file=sys.stderr)
         sys.exit(2)
     # --help lists the user-facing groups (not the schema/* groups the YAML files extend)
     OmegaConf.register_new_resolver("pipelab_groups", lambda: "\n".join(f"{g}: {', '.join(group_choices(g, sys.argv[1:]))}" for g in registry.GROUPS + ("experiment",)), replace=True)
-    # ... and the config with every knob's meaning and range (framework.knob_help); `$` doubled:
+    # ... and the config with every knob's meaning and range (framework.config.knob_help); `$` doubled:
     # Hydra fills the template's $CONFIG-style placeholders after this
     OmegaConf.register_new_resolver("pipelab_knobs", lambda _root_: knob_help.annotated_config(_root_, "--resolve" in sys.argv[1:]).replace("$", "$$"), replace=True)
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:

@@ -57,8 +57,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from framework import knobs, profile_tables
-from framework.config import DeviceConfig, LinkConfig
+from framework import profile_tables
+
+from framework.config import knobs
+from framework.config.schemas import DeviceConfig, LinkConfig
 from framework.errors import ConfigError, listing
 from framework.lean_torch import SGD, backward
 

@@ -13,7 +13,7 @@ already bounded when `decode` is called: the wire decoder checks the output it d
 first, so a codec allocates its output, and scratch of a small multiple of it, only within that.
 
 Codec ids are part of the wire format: never reuse one. Registered ids:
-0 raw (framework.wire), 1 fp16, 2 mbq, 3 mbq_unpacked, 4 stochastic_uniform, 5 minmax, 6 onebit,
+0 raw (framework.runtime.wire), 1 fp16, 2 mbq, 3 mbq_unpacked, 4 stochastic_uniform, 5 minmax, 6 onebit,
 7 uniform_lsq.
 """
 

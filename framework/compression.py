@@ -27,10 +27,12 @@ from typing import Any
 
 import torch
 
-from framework import knobs, wire
-from framework.checkpoint import CheckpointError
+from framework.config import knobs
+
+from framework.runtime import wire
+from framework.checkpoints.state import CheckpointError
 from framework.codec import Encoded, codec_class
-from framework.config import CodecTimeConfig, CompressionConfig, CompressorConfig, DirectionConfig  # noqa: F401  (re-exported)
+from framework.config.schemas import CodecTimeConfig, CompressionConfig, CompressorConfig, DirectionConfig  # noqa: F401  (re-exported)
 from framework.errors import ConfigError
 
 
@@ -296,7 +298,7 @@ class Compressor:
             d.decode_s += s
         return s
 
-    # ---- checkpoints (framework.checkpoint) ----------------------------------------------------
+    # ---- checkpoints (framework.checkpoints.state) ----------------------------------------------------
 
     _COUNTERS = ("raw_bytes", "wire_bytes", "encode_s", "decode_s", "err_sum", "err_n", "last_error")
 

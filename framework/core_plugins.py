@@ -8,7 +8,7 @@ it is first built, as for every declared plugin (`framework.registry.declare`).
 
 from __future__ import annotations
 
-from framework.config import TrackingConfig, TransportConfig
+from framework.config.schemas import TrackingConfig, TransportConfig
 from framework.runtime.configs import LocalConfig, RemoteConfig, SimConfig
 
 # (group, name, "module:attr", schema, its line in `--plugins`)
@@ -17,6 +17,6 @@ CORE_PLUGINS = (
     ("runtime", "local", "framework.runtime.local:LocalRuntime", LocalConfig, "One OS process per role on this machine, over a real transport (transport=mqtt)."),
     ("runtime", "remote", "framework.runtime.local:RemoteRuntime", RemoteConfig, "Roles join from other machines: `python -m framework.worker role=<name> ...`."),
     ("transport", "inproc", "framework.runtime:InprocTransport", TransportConfig, "In-process delivery: the simulator's link models price every message."),
-    ("tracking", "mlflow", "framework.tracking_process:mlflow_tracker", TrackingConfig, "MLflow on a SQLite store; metrics batched."),
-    ("tracking", "none", "framework.tracking:NullTracker", TrackingConfig, "No tracking (the run still writes summary.json and its artifacts to the run directory)."),
+    ("tracking", "mlflow", "framework.tracking.recorder:mlflow_tracker", TrackingConfig, "MLflow on a SQLite store; metrics batched."),
+    ("tracking", "none", "framework.tracking.tracker:NullTracker", TrackingConfig, "No tracking (the run still writes summary.json and its artifacts to the run directory)."),
 )

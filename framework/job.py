@@ -22,22 +22,22 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from framework import checkpoint as ck
+from framework.checkpoints import state as ck
 from framework import registry, torch_device
-from framework.checkpoint_writer import CheckpointWriter
+from framework.checkpoints.writer import CheckpointWriter
 from framework.cluster import Cluster
-from framework.config import swept_overrides
+from framework.config.schemas import swept_overrides
 from framework.data import build_dataset
 from framework.errors import ConfigError
 from framework.long_lived import long_lived
-from framework.mlflow_store import flatten, mlflow_name
+from framework.tracking.store import flatten, mlflow_name
 from framework.models import build_model
 from framework.nonfinite import NonFiniteError
 from framework.runtime.base import RuntimeHooks
 from framework.scheduler import SchedulerContext
-from framework.tracking import NullTracker
-from framework.transport import FAULTS, Network
-from framework.validate import validate
+from framework.tracking.tracker import NullTracker
+from framework.runtime.transport import FAULTS, Network
+from framework.config.validate import validate
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -134,7 +134,7 @@ class Job(RuntimeHooks):
         self._wall0 = time.perf_counter()
         self._last_step: dict[str, int] = {}  # epoch metrics: the step each was last logged at
         self.sweep_keys = sweep_keys or set()
-        # checkpoints at epoch ends, where the runtime can take one (framework.checkpoint)
+        # checkpoints at epoch ends, where the runtime can take one (framework.checkpoints.state)
         self.checkpointing = bool(cfg.train.checkpoint) and self.runtime.checkpoints
         self.checkpoints = CheckpointWriter()  # a GPU run's files are written while it goes on
         self.resumed_epoch: int | None = None  # the epoch whose checkpoint this run continues from
@@ -220,7 +220,7 @@ class Job(RuntimeHooks):
         return ck.config_fingerprint(self.cfg)
 
     def _save_checkpoint(self, epoch: int) -> None:
-        """Everything the run needs to go on from this epoch end (framework.checkpoint), in the
+        """Everything the run needs to go on from this epoch end (framework.checkpoints.state), in the
         run directory and as MLflow artifacts. A role that cannot checkpoint turns them off."""
         bag = ck.Bag()
         try:
@@ -439,7 +439,7 @@ class Job(RuntimeHooks):
             self.tracker.set_tag("pipelab.dropouts", ", ".join(f"{d['role']} (epoch {d['epoch']})" for d in rt.dropouts))
         tcfg = self.cfg.tracking
         # the timeline first: a tracker that works in another process gets the time to finish
-        # starting the run (framework.tracking_process) before the summary asks for its id.
+        # starting the run (framework.tracking.recorder) before the summary asks for its id.
         # (Drawing the chart there instead was measured no faster: that process is as busy.)
         tl.save_chrome_trace(self.out_dir / "timeline.json", tcfg.max_trace_events)
         try:

@@ -67,7 +67,7 @@ class SGD(torch.optim.SGD):
 
 def sgd_steps(optimizers: list[SGD]) -> None:
     """Each optimizer's `step()` as one update over all their parameters, for replicas stepping
-    together (framework/replicas.py): one kernel launch per operation instead of one per
+    together (framework/replicas/batched.py): one kernel launch per operation instead of one per
     optimizer. Each must have one parameter group and all the same hyper-parameters; torch's
     update is elementwise, and the single-tensor or foreach path it picks for one it picks for all
     of them (same devices), so every parameter and momentum buffer ends as its own step leaves it.

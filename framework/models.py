@@ -124,7 +124,7 @@ def _copy_in_blocks(module: nn.Module, memo: dict) -> None:
     not a view: it has its own autograd version counter, so BatchNorm's in-place update of a
     running statistic does not mark the layer's weight as modified in a graph that saved it.
     Parameters and buffers are in separate blocks, so that a parameter moved elsewhere (a replica
-    bank's row, framework/replica_bank.py) leaves no buffer holding its old memory."""
+    bank's row, framework/replicas/bank.py) leaves no buffer holding its old memory."""
     groups: dict = {}
     for m in module.modules():
         for kind, tensors in (("p", m._parameters), ("b", m._buffers)):

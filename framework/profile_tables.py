@@ -28,8 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from framework import knobs
-from framework.config import DeviceConfig
+from framework.config import knobs
+from framework.config.schemas import DeviceConfig
 from framework.errors import ConfigError
 
 TABLE_DIR = Path(__file__).resolve().parent.parent / "conf" / "profile_tables"

@@ -35,8 +35,8 @@ from typing import Any, Callable
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from framework import knobs
-from framework.config_dirs import yaml_presets
+from framework.config import knobs
+from framework.config.dirs import yaml_presets
 from framework.core_plugins import CORE_PLUGINS
 from framework.errors import ConfigError, PipelabError
 
@@ -234,7 +234,7 @@ def declared(group: str, name: str) -> Entry:
 def build(group: str, cfg: Any, *args, **kwargs) -> Any:
     """Instantiate the plugin that `cfg.name` names in `group`. The plugin receives its config in
     one shape whoever calls (the CLI's composed config, the Python API's dataclass or dict):
-    `typed_config`, every knob in its schema's range and among its choices (framework.knobs), so
+    `typed_config`, every knob in its schema's range and among its choices (framework.config.knobs), so
     a plugin checks only what its fields cannot say."""
     cfg = as_config(cfg)
     name = cfg.get("name")

@@ -106,7 +106,7 @@ class Role(ABC):
 
     def checkpoint(self, bag, prefix: str) -> dict:
         """Everything this role needs to continue bit for bit from the epoch end where every role
-        now waits: tensors into `bag` (framework.checkpoint.Bag) under `prefix`, the returned
+        now waits: tensors into `bag` (framework.checkpoints.state.Bag) under `prefix`, the returned
         JSON for the rest. A role that cannot raises NotImplementedError (its runs then write no
         checkpoints and cannot resume)."""
         raise NotImplementedError(f"{type(self).__name__} does not checkpoint")

@@ -30,8 +30,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from framework import checkpoint as ck
-from framework import lean_torch, nonfinite, replicas
+from framework.checkpoints import state as ck
+from framework import lean_torch, nonfinite
+from framework.replicas import batched as replicas
 from framework.cluster import Work
 from framework.lean_torch import SGD, optimizers_without_dynamo
 
@@ -92,10 +93,10 @@ class Stage:
         self.params = dict(self.module.named_parameters())
         self.param_names = list(self.params)
         self.buffers = dict(self.module.named_buffers())
-        self.bank = None  # the ReplicaBank whose rows hold this stage's parameters, if any (framework/replica_bank.py)
+        self.bank = None  # the ReplicaBank whose rows hold this stage's parameters, if any (framework/replicas/bank.py)
         self.bank_row = -1  # and which row
 
-    # what a batched call of identical replicas needs to know (framework/replicas.py); asked only
+    # what a batched call of identical replicas needs to know (framework/replicas/batched.py); asked only
     # when replicas are batched, so building thousands of timing-only stages does not pay for it
 
     @cached_property
@@ -163,7 +164,7 @@ class Stage:
         return y.detach()
 
     def keep(self, key, slot: replicas.Slot) -> None:
-        """Hold a batched forward's share of its graph under `key` (framework/replicas.py)."""
+        """Hold a batched forward's share of its graph under `key` (framework/replicas/batched.py)."""
         if key in self._saved:
             raise RuntimeError(f"stage [{self.start}:{self.stop}) already holds activations for {key!r}")
         self._saved[key] = (slot, None, None, self.version)
@@ -220,14 +221,14 @@ class Stage:
         """Accumulate parameter gradients given in `named_parameters` order (None: no gradient;
         entries beyond the parameters, such as an input gradient, are ignored). The parameters
         whose indices are in `replace` take theirs as given: the sum with the held gradient
-        made already (framework/replicas.py)."""
+        made already (framework/replicas/batched.py)."""
         self.hand_out_gradients()
         for j, (p, g) in enumerate(zip(self.params.values(), grads)):
             if g is not None:
                 p.grad = g if p.grad is None or j in replace else p.grad + g
 
     def hand_out_gradients(self) -> None:
-        """Gradients that this replica's bank holds for it (framework/replica_bank.py `hold`) into
+        """Gradients that this replica's bank holds for it (framework/replicas/bank.py `hold`) into
         its parameters' `.grad`, before anything but the group's step uses them."""
         if self.bank is not None:
             self.bank.hand_out()  # nothing where it holds none
@@ -246,7 +247,7 @@ class Stage:
 
     def finish_step(self, clear_grads: bool = True) -> None:
         """What follows the optimizer's update (also after identical replicas' batched update,
-        framework/replicas.py `run_steps`; `clear_grads=False` where that update used gradients
+        framework/replicas/batched.py `run_steps`; `clear_grads=False` where that update used gradients
         its bank held, so that no replica has any)."""
         if self.numerics and clear_grads:  # optimizer.zero_grad(set_to_none=True) on the same parameters,
             for p in self.params.values():  # without its profiler record and dispatch wrapper (per replica per step)
@@ -257,7 +258,7 @@ class Stage:
 
     def checkpoint(self, bag, prefix: str, weights: bool = True) -> dict:
         """The stage's weights (unless its owner stores the whole model), optimizer state and
-        counters into `bag` (framework.checkpoint). Taken between flushes: no activations alive."""
+        counters into `bag` (framework.checkpoints.state). Taken between flushes: no activations alive."""
         self.hand_out_gradients()
         held = self.held_keys()
         if held:

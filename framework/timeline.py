@@ -187,7 +187,7 @@ class Timeline:
             return 0.0
         return max(0.0, (capacity - sum(busy.values())) / capacity)
 
-    # ---- checkpoints (framework.checkpoint): the intervals as columns -------------------------
+    # ---- checkpoints (framework.checkpoints.state): the intervals as columns -------------------------
 
     def checkpoint(self, bag, prefix: str) -> dict:
         cols = self._columns

@@ -19,12 +19,14 @@ import sys
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
-from framework import input_errors, registry
-from framework.config_dirs import CONF_DIR
+from framework import registry
+
+from framework.config import input_errors
+from framework.config.dirs import CONF_DIR
 from framework.errors import PipelabError, one_line
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.role_process import TRANSPORT_FAILED_EXIT, run_role
-from framework.transport import TransportError
+from framework.runtime.transport import TransportError
 
 
 def parse(argv: list[str]) -> tuple[str, list[str]]:

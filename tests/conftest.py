@@ -87,7 +87,7 @@ def compose_cfg(overrides=(), fast=True):
 
 @pytest.fixture(scope="session")
 def mlflow_template(tmp_path_factory) -> Path:
-    from framework.mlflow_store import client_and_experiment
+    from framework.tracking.store import client_and_experiment
     from omegaconf import OmegaConf
 
     root = tmp_path_factory.mktemp("mlflow_template")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from framework import wire
+from framework.runtime import wire
 from framework.codec import Encoded, codec_class
 from framework.errors import ConfigError, WireError
 from plugins.compressors.accept_codecs import MBQ, MBQUnpacked, StochasticUniform, pack_codes

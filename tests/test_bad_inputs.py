@@ -4,7 +4,7 @@ BAD_INPUTS holds each case: the arguments and the words its line must hold (the 
 accepts, a "did you mean"). Every row runs with BASE first (small, untracked, one short epoch), so
 a case that were wrongly accepted would train quickly instead of failing the test by a timeout.
 
-- Default suite: every row in this process, through `framework.input_errors.check_args` (what
+- Default suite: every row in this process, through `framework.config.input_errors.check_args` (what
   `python -m framework` checks before a run starts: the override syntax, the group options,
   Hydra's composition, `validate` and the build of every component); and a few rows through the
   real CLI, whose one line on stderr must be exactly the line `check_args` gives.
@@ -266,7 +266,7 @@ def test_enough_rows_and_every_group():
 
 @pytest.mark.parametrize("args,needles", BAD_INPUTS, ids=[row_id(a) for a, _ in BAD_INPUTS])
 def test_bad_input_is_one_line_naming_the_key(table, args, needles):
-    from framework.input_errors import check_args
+    from framework.config.input_errors import check_args
     from tests.conftest import cached_compose
 
     line = check_args(BASE + args, cached_compose)
@@ -325,7 +325,7 @@ link:
 def test_a_users_config_folder_adds_options(tmp_path):
     """A cluster of the user's own, in a folder given with --config-dir or hydra.searchpath, is
     an option like the shipped ones: chosen, listed among the choices, and run."""
-    from framework.input_errors import check_args
+    from framework.config.input_errors import check_args
 
     conf = _user_cluster(tmp_path / "my conf", MINE)  # a space in the path, quoted for Hydra
     by_dir, by_path = ["--config-dir", str(conf)], [f"hydra.searchpath=['file://{conf}']"]
@@ -347,7 +347,7 @@ def test_a_users_config_folder_adds_options(tmp_path):
 
 
 def test_a_users_config_file_that_is_not_yaml_is_named_with_its_line(tmp_path):
-    from framework.input_errors import check_args
+    from framework.config.input_errors import check_args
 
     conf = _user_cluster(tmp_path / "conf", MINE.replace("num_devices: 2", "num_devices: [2"))
     for extra in (["--config-dir", str(conf)], [f"hydra.searchpath=[file://{conf}]"]):
@@ -359,7 +359,7 @@ def test_a_users_config_file_that_is_not_yaml_is_named_with_its_line(tmp_path):
 
 
 def _assert_cli_line(res, args):
-    from framework.input_errors import check_args
+    from framework.config.input_errors import check_args
 
     err = res.stderr.strip()
     assert res.returncode == 2, (res.returncode, err)
@@ -414,7 +414,7 @@ def test_an_exception_in_the_run_keeps_its_trace(tmp_path):
 
 def write_table(path: Path = TABLE) -> None:
     """docs/bad_inputs.md: every row of BAD_INPUTS and the line `python -m framework` prints for it."""
-    from framework.input_errors import check_args
+    from framework.config.input_errors import check_args
 
     rows = []
     for args, _ in BAD_INPUTS:  # composed as the CLI composes (Hydra's compose API, no cache)

@@ -1,4 +1,4 @@
-"""Convolutions as batched matrix products (framework/batched_conv.py): the same numbers as
+"""Convolutions as batched matrix products (framework/replicas/conv.py): the same numbers as
 torch's convolution, forwards and gradients, alone and under vmap over stacked replicas."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from framework import batched_conv
-from framework.batched_conv import ConvAsMatmul, conv2d_as_matmul
+from framework.replicas import conv as batched_conv
+from framework.replicas.conv import ConvAsMatmul, conv2d_as_matmul
 
 CASES = [  # (kernel, stride, padding, dilation, bias)
     ((3, 3), 1, 1, 1, True),

@@ -1,4 +1,4 @@
-"""Checkpoints written in the background (framework/checkpoint_writer.py): what is written is the
+"""Checkpoints written in the background (framework/checkpoints/writer.py): what is written is the
 state when the checkpoint was taken, the files are whole and atomic, errors reach the run, and a
 run resumed from a background-written checkpoint is the uninterrupted one."""
 
@@ -9,9 +9,9 @@ import threading
 import pytest
 import torch
 
-from framework import checkpoint as ck
-from framework import checkpoint_file
-from framework.checkpoint_writer import CheckpointWriter
+from framework.checkpoints import state as ck
+from framework.checkpoints import tensor_file as checkpoint_file
+from framework.checkpoints.writer import CheckpointWriter
 from tests.conftest import compose_cfg
 from tests.test_resume import SMALL, _stop_and_resume
 
@@ -189,7 +189,7 @@ def test_a_device_block_holds_each_tensors_bytes(tmp_path, monkeypatch):
     import json
     import struct
 
-    from framework.checkpoint_file import _host_bytes
+    from framework.checkpoints.tensor_file import _host_bytes
 
     g = torch.Generator().manual_seed(0)
     tensors = [torch.randn(5, 3, generator=g), torch.randn(3, 5, generator=g).t(), torch.tensor(7), torch.randn(9, generator=g) > 0,

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from framework import wire
+from framework.runtime import wire
 from framework.codec import Encoded, codec_class
 from framework.errors import WireError
 from framework.job import Job

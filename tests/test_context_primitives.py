@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from framework.cluster import Cluster
 from framework.compression import Compressor
-from framework.config import ClusterConfig
+from framework.config.schemas import ClusterConfig
 from framework.errors import ConfigError
 from framework.job import Job
 from framework.runtime.sim import SimRuntime
@@ -214,7 +214,7 @@ def test_sleep_and_barrier_on_the_wall_clock(tmp_path):
 def test_a_zero_timeout_recv_on_the_wall_clock_polls_what_has_arrived():
     """recv(timeout=0) is a poll: what is queued comes back, nothing queued is a timeout (Python
     3.11's wait_for(get(), 0) cancelled the get before it looked, so a poll never saw a message)."""
-    from framework.transport import Mailboxes
+    from framework.runtime.transport import Mailboxes
 
     async def main():
         box = Mailboxes()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework import wire
+from framework.runtime import wire
 from framework.cluster import Work
 from framework.compression import Compressor
 from framework.models import build_model
@@ -127,7 +127,7 @@ def test_a_failing_call_behind_a_placeholder_fails_the_flush_and_what_waits_on_i
 
 def _runtime():
     from framework.cluster import Cluster
-    from framework.config import ClusterConfig
+    from framework.config.schemas import ClusterConfig
 
     cluster = Cluster(OmegaConf.merge(OmegaConf.structured(ClusterConfig(name="t")), {"num_devices": 2}))
     cfg = OmegaConf.create({"name": "sim", "numerics": True, "batch_replicas": True, "torch_device": "cpu"})

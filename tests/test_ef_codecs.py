@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from framework import wire
+from framework.runtime import wire
 from framework.codec import Encoded, codec_class
 from framework.errors import ConfigError, WireError
 from plugins.compressors.ef_codecs import FP16, MinMax, OneBit, minmax_error_feedback

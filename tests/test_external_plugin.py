@@ -26,8 +26,8 @@ PLUGIN = '''
 
 from dataclasses import dataclass
 
-from framework.config import SchedulerConfig
-from framework.pipeline import STEP, B, F, PipelineScheduler
+from framework.config.schemas import SchedulerConfig
+from framework.pipeline.scheduler import STEP, B, F, PipelineScheduler
 from framework.registry import register
 
 

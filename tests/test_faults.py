@@ -21,7 +21,7 @@ LONG = ["model=mlp", "train.epochs=200", "runtime.progress=false", "dataset.n_tr
 
 def _start(args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    # a session of its own: killpg reaches the run and its MLflow recorder (framework.tracking_process), nothing else
+    # a session of its own: killpg reaches the run and its MLflow recorder (framework.tracking.recorder), nothing else
     return subprocess.Popen([sys.executable, "-m", "framework", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
@@ -154,7 +154,7 @@ def ctrl_c_of_a_sweep(args, tmp_path, client, training: int = 1, timeout: float 
 
 
 def test_temp_folders_of_a_killed_run_are_removed_by_the_next_run(tmp_path, monkeypatch):
-    from framework import faults
+    from framework.tracking import faults
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     tempfile.tempdir = None  # read TMPDIR again
@@ -226,8 +226,8 @@ def test_a_local_run_survives_a_broker_restart_with_the_same_weights(tmp_path, m
 
 def test_an_interruption_waits_for_a_shielded_block_and_a_second_one_does_not():
     """An MLflow write cut short by Ctrl-C or SIGTERM kept its SQLite transaction, and the store
-    locked for the run's own closing writes (framework.faults.shielded)."""
-    from framework import faults
+    locked for the run's own closing writes (framework.tracking.faults.shielded)."""
+    from framework.tracking import faults
 
     faults.handle_sigterm()
     done = []

@@ -185,7 +185,7 @@ def test_dropout_masks_are_the_same_in_the_replay(tmp_path):
 def test_the_history_queue_blocks_checkpoints_and_dates_replays_at_their_forward():
     """The core stage's hooks as the replay uses them: a kept input is held (no checkpoint until
     it is replayed or dropped), and a replay's staleness counts from the forward that was sent."""
-    from framework import checkpoint as ck
+    from framework.checkpoints import state as ck
 
     st = _replay_stage(torch.nn.Linear(8, 8))
     x = torch.randn(4, 8)

@@ -96,7 +96,7 @@ def test_tau_is_the_codes_every_iteration_ewma():
 
 def test_the_table_time_model_prices_unit_ranges_from_the_shipped_rows():
     from framework.cluster import Device, Work
-    from framework.config import DeviceConfig
+    from framework.config.schemas import DeviceConfig
     from framework.errors import ConfigError
 
     pi = Device("edge", DeviceConfig(time_model="table", table="feature_replay_resnet50_cifar10", table_device="pi4b"))

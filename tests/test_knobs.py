@@ -1,5 +1,5 @@
 """One home per knob: a schema field holds its default, its meaning, its range and its choices
-(framework.knobs); validation, a plugin's build, `--help` and the one-line errors read them
+(framework.config.knobs); validation, a plugin's build, `--help` and the one-line errors read them
 there, and a YAML preset sets only what it changes."""
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from framework import knobs, registry
-from framework.config import BASE_SCHEMAS, ClusterConfig, Config, DeviceConfig, TrainConfig
-from framework.config_dirs import CONF_DIR
+from framework import registry
+
+from framework.config import knobs
+from framework.config.schemas import BASE_SCHEMAS, ClusterConfig, Config, DeviceConfig, TrainConfig
+from framework.config.dirs import CONF_DIR
 from framework.errors import ConfigError
-from framework.knobs import Knob, Range, knob
+from framework.config.knobs import Knob, Range, knob
 
 
 def built_in(e: registry.Entry) -> bool:
@@ -113,7 +115,7 @@ def test_code_reads_choices_from_the_field():
 def test_help_shows_the_chosen_plugins_knobs_with_their_doc():
     from hydra import compose, initialize_config_dir
 
-    from framework.knob_help import annotated_config
+    from framework.config.knob_help import annotated_config
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=["scheduler=pipar", "cluster=pipar_4g"])

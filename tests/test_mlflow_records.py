@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from framework import registry
 from framework.job import Job
-from framework.mlflow_store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, client_and_experiment
-from framework.tracking import MlflowTracker
+from framework.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, client_and_experiment
+from framework.tracking.tracker import MlflowTracker
 from tests.conftest import compose_cfg
 from tests.test_cli_and_tracking import TINY
 

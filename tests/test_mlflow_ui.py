@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.mlflow_store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+from framework.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from tests.test_cli_and_tracking import TINY, cli
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

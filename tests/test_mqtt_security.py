@@ -25,9 +25,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework import secret_pipe, wire
+from framework.runtime import secret_pipe
+
+from framework.runtime import wire
 from framework.errors import ConfigError
-from framework.transport import FAULTS, TransportError
+from framework.runtime.transport import FAULTS, TransportError
 from plugins.transports import mqtt_credentials
 from plugins.transports.broker import Broker, BrokerAddress, free_port, resolve
 from plugins.transports.mqtt import MqttConfig, MqttNetwork, MqttTransport, checksum, frame
@@ -593,7 +595,7 @@ def test_the_frame_parser_survives_10000_fuzzed_inputs_in_bounded_memory():
 
 def test_transport_faults_are_reported_in_one_line(capsys):
     from framework.runtime.local import LocalConfig, LocalRuntime
-    from framework.transport import Network
+    from framework.runtime.transport import Network
 
     class Net(Network):
         open = close = lambda self, *a, **k: None

@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
-from framework.transport import TransportError
+from framework.runtime.transport import TransportError
 from plugins.transports.broker import Broker, free_port, resolve
 from plugins.transports.mqtt import MqttConfig, MqttTransport, checksum, frame
 
@@ -235,7 +235,7 @@ def test_a_64_mib_tensor_crosses_intact_with_bounded_memory(broker, tmp_path):
         import asyncio, json, resource, sys, torch
         sys.path.insert(0, {str(ROOT)!r})
         from omegaconf import OmegaConf
-        from framework import wire
+        from framework.runtime import wire
         from plugins.transports.broker import BrokerAddress
         from plugins.transports.mqtt import MqttConfig, MqttTransport
         from framework.runtime.allocator import tune_malloc

@@ -149,7 +149,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from framework.config import ModelConfig
+from framework.config.schemas import ModelConfig
 from framework.registry import register
 
 

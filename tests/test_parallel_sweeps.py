@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from framework import objective
+from framework.tracking import objective
 from framework.errors import ConfigError
 from framework.job import Job
-from framework.validate import validate
+from framework.config.validate import validate
 from tests.conftest import compose_cfg
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,7 +136,7 @@ def test_processes_opening_a_fresh_sqlite_store_at_once_all_succeed(tmp_path):
         import sys, time
         from pathlib import Path
         from omegaconf import OmegaConf
-        from framework.mlflow_store import client_and_experiment
+        from framework.tracking.store import client_and_experiment
         cfg = OmegaConf.create({{"uri": "sqlite:///{db}", "artifact_root": "{tmp_path / 'art'}", "experiment": "race"}})
         Path(sys.argv[1]).touch()
         while not Path("{go}").exists():
@@ -177,7 +177,7 @@ def test_a_write_waits_out_a_lock_held_longer_than_mlflow_waits(tmp_path, mlflow
     from mlflow.entities import Metric
     from omegaconf import OmegaConf
 
-    from framework.mlflow_store import client_and_experiment
+    from framework.tracking.store import client_and_experiment
 
     db = tmp_path / "mlflow.db"
     shutil.copy(mlflow_template, db)
@@ -377,8 +377,8 @@ def test_the_preset_study_goes_the_way_of_tracking_and_a_contrary_one_is_an_erro
     against it stops the sweep before its parent run is made (on_multirun_start)."""
     from hydra import compose, initialize_config_dir
 
-    from framework.config_dirs import CONF_DIR
-    from framework.multirun import MultirunParent
+    from framework.config.dirs import CONF_DIR
+    from framework.tracking.multirun import MultirunParent
 
     def hydra_cfg(overrides):
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -446,7 +446,7 @@ def test_a_metric_no_run_records_is_an_error_before_anything_runs():
 @pytest.mark.parametrize("scheduler", [[], ["scheduler=pipar", "cluster=pipar_4g"], ["experiment=adalearner"], ["experiment=feature_replay_pi"], ["experiment=edgepipe"]],
                          ids=["gpipe", "pipar", "adalearner", "feature_replay", "super_neuron"])
 def test_every_metric_a_run_records_is_declared(tmp_path, scheduler):
-    """What `tracking.optimized_metric` may name (framework.objective.declare_metrics) covers what
+    """What `tracking.optimized_metric` may name (framework.tracking.objective.declare_metrics) covers what
     runs record: the core's metrics and each family of schedulers' own."""
     timing = [] if scheduler == ["experiment=edgepipe"] else ["runtime.numerics=false"]  # super_neuron runs with numerics only
     tiny = [o for o in TINY if not o.startswith("model=")]  # each its own model (feature replay's table prices a resnet50)

@@ -12,7 +12,7 @@ import pytest
 
 from framework.errors import ConfigError
 from framework.job import Job
-from framework.partition import bottleneck_bounds
+from framework.pipeline.partition import bottleneck_bounds
 from tests.conftest import compose_cfg
 
 
@@ -93,7 +93,7 @@ def test_dp_prices_what_the_compressor_sends(tmp_path):
                          ids=["gpipe", "1f1b", "pipedream", "vgg5-4", "1f1b-mbq", "gpipe-mbq", "pipedream-mbq", "vgg5-4-mbq"])
 def test_the_plans_predicted_epoch_is_the_simulated_one(tmp_path, overrides, tol):
     """predictor=oracle (the default): the plan's predicted epoch (its actions played out on the
-    predicted costs, framework.pipeline_time) equals the simulated epoch, a codec's decoding
+    predicted costs, framework.pipeline.timing) equals the simulated epoch, a codec's decoding
     charged on arrival as the simulator does (measured: 1F1B and GPipe exact, PipeDream 0.25 %
     and four VGG-5 stages 1.0 % short, where decodings and computations tie in another order)."""
     job = Job(compose_cfg(["tracking=none", "runtime.numerics=false", "train.epochs=1"] + overrides), tmp_path / "run")

@@ -1,6 +1,6 @@
 """A pipeline stage is built from its spec and its process's parts, never from the scheduler
-(framework.pipeline_stage); the plan and the schedule are data that survive JSON; what stages
-do at an epoch's end is a policy a plugin declares (framework.pipeline_epoch_end)."""
+(framework.pipeline.stage); the plan and the schedule are data that survive JSON; what stages
+do at an epoch's end is a policy a plugin declares (framework.pipeline.epoch_end)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from framework import pipeline_epoch_end
+from framework.pipeline import epoch_end as pipeline_epoch_end
 from framework.errors import ConfigError
 from framework.job import Job
-from framework.pipeline_epoch_end import EpochEndPolicy, EpochEndSpec
-from framework.pipeline_plan import PipelinePlan
-from framework.pipeline_schedule import STEP, Action, B, F, Schedule, one_f_one_b
-from framework.pipeline_stage import StageRole, StageSpec
+from framework.pipeline.epoch_end import EpochEndPolicy, EpochEndSpec
+from framework.pipeline.plan import PipelinePlan
+from framework.pipeline.schedule import STEP, Action, B, F, Schedule, one_f_one_b
+from framework.pipeline.stage import StageRole, StageSpec
 from framework.scheduler import Scheduler, SchedulerContext
 from tests.conftest import compose_cfg
 

@@ -163,8 +163,8 @@ def sweep_combinations(overrides: list[str]) -> list[list[str]]:
 def compose_error(overrides: list[str]) -> str | None:
     """What the CLI would say before running anything (None: it would run)."""
     from framework.errors import PipelabError
-    from framework.group_options import check_group_overrides
-    from framework.validate import validate
+    from framework.config.group_options import check_group_overrides
+    from framework.config.validate import validate
 
     problem = check_group_overrides(overrides)
     if problem:
@@ -262,7 +262,7 @@ def cli(args: list[str], cwd: Path) -> subprocess.Popen:
 
 def interrupt_after_first_checkpoint(proc: subprocess.Popen, folder: Path) -> tuple[str, str]:
     """Ctrl-C (SIGINT) once the run has written its first checkpoint, as the README's reader does."""
-    from framework import checkpoint
+    from framework.checkpoints import state as checkpoint
 
     before = set(folder.glob(f"**/{checkpoint.DIR}/meta.json"))
     deadline = time.time() + 600

@@ -1,4 +1,4 @@
-"""Replicas' parameters and momentum as rows of one tensor each (framework/replica_bank.py): a
+"""Replicas' parameters and momentum as rows of one tensor each (framework/replicas/bank.py): a
 group step over the bank leaves every parameter and momentum buffer bit for bit where each
 replica's own step leaves it, whatever happens to a replica between group steps; where the bank
 cannot serve a group, the per-replica update runs instead."""
@@ -10,7 +10,9 @@ import copy
 import pytest
 import torch
 
-from framework import replica_bank, replicas
+from framework.replicas import bank as replica_bank
+
+from framework.replicas import batched as replicas
 from framework.models import build_model
 from framework.stage import Stage
 from tests.conftest import compose_cfg
@@ -118,7 +120,7 @@ def test_what_a_replica_does_alone_between_group_steps_lands_in_its_rows():
     state = {k: v.clone() for k, v in alone[3].module.state_dict().items()}
     for stages in (alone, banked):  # a FedAvg-style load into replica 3's module, in place
         stages[3].module.load_state_dict(state)
-    from framework import checkpoint as ck
+    from framework.checkpoints import state as ck
 
     for stages in (alone, banked):  # replica 2's optimizer state restored from a checkpoint
         bag = ck.Bag()
@@ -309,7 +311,7 @@ def test_held_gradients_are_handed_out_before_a_replica_uses_its_own(monkeypatch
         handed[1].step()
         _assert_equal(held, handed)
     elif use == "checkpoint":
-        from framework import checkpoint as ck
+        from framework.checkpoints import state as ck
 
         held[0].checkpoint(ck.Bag(), "s")
     else:

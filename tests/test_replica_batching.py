@@ -1,4 +1,4 @@
-"""Identical replicas as one vmapped call (framework/replicas.py, framework/runtime/deferred.py),
+"""Identical replicas as one vmapped call (framework/replicas/batched.py, framework/runtime/deferred.py),
 and tensor work on a GPU (`runtime.torch_device`).
 
 Batching must change nothing but speed: the same virtual times, byte counts and metrics, and in
@@ -75,10 +75,11 @@ def test_batched_replicas_train_as_one_at_a_time(tmp_path, extra, share):
 
 @pytest.mark.slow  # two VGG-5 runs (about 9 s); the CPU default, grouped convolutions, stays fast
 def test_convolutions_as_matrix_products_train_as_one_at_a_time(tmp_path, monkeypatch):
-    """`runtime.replica_conv=matmul` (the default on a GPU; framework/batched_conv.py): the
+    """`runtime.replica_conv=matmul` (the default on a GPU; framework/replicas/conv.py): the
     batched forwards' convolutions run as batched matrix products, and the run still equals
     the one-at-a-time run up to float64 rounding."""
-    from framework import batched_conv, replicas
+    from framework.replicas import conv as batched_conv
+    from framework.replicas import batched as replicas
 
     convs, forwards = [], []
     as_matmul, run_forwards = batched_conv.conv2d_as_matmul, replicas.run_forwards
@@ -225,7 +226,7 @@ def test_shared_graph_backwards_equal_each_replica_alone(where):
     ref, bat = stages(), stages()
     ref_in = [st.forward(x, 0, t, sc) for st, x, t, sc in zip(ref, xs, targets, scales)]
     ref_dx = [st.backward(0, gr) for st, gr in zip(ref, grads)]
-    from framework import replicas
+    from framework.replicas import batched as replicas
 
     outs = replicas.run_forwards([replicas.ForwardRequest(st, x, 0, t, sc) for st, x, t, sc in zip(bat, xs, targets, scales)])
     dx = replicas.run_backwards([replicas.BackwardRequest(bat[2], 0, grads[2])])  # alone: recomputed
@@ -346,7 +347,7 @@ def test_sgd_steps_equal_each_optimizer_stepping_alone(foreach, momentum, nester
 def test_a_gpu_checkpoint_stores_identical_tensors_once(tmp_path):
     """The copies of the aggregate on the GPU are found with one read-back and stored once; each
     loads back as its own CPU tensor."""
-    from framework import checkpoint as ck
+    from framework.checkpoints import state as ck
 
     w = torch.randn(4, 3, device="cuda")
     bag = ck.Bag()
@@ -367,7 +368,7 @@ def test_checkpoint_file_of_gpu_tensors(tmp_path):
     layout, beside CPU tensors."""
     from safetensors.torch import load_file
 
-    from framework.checkpoint import save_file
+    from framework.checkpoints.state import save_file
 
     g = torch.Generator().manual_seed(0)
     tensors = {

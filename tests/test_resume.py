@@ -10,7 +10,7 @@ import torch
 from omegaconf import open_dict
 from safetensors.torch import load_file
 
-from framework import checkpoint as ck
+from framework.checkpoints import state as ck
 from framework.job import Job
 from tests.conftest import compose_cfg
 from tests.test_cli_and_tracking import cli
@@ -97,7 +97,7 @@ def test_fl_devices_identical_models_are_stored_once_and_resume_bit_identical(tm
 
 
 def test_batched_fl_resumes_bit_identical(tmp_path):
-    """Replicas batched, their steps over a bank of their parameters (framework/replica_bank.py):
+    """Replicas batched, their steps over a bank of their parameters (framework/replicas/bank.py):
     the resumed roles' first group step builds a bank that takes in the restored momentum
     buffers, and the resumed run is the uninterrupted one."""
     _stop_and_resume(tmp_path, ["scheduler=fl", "cluster=pipar_wifi", "cluster.num_devices=3", "model=mlp", "dataset=synthetic_mnist", "runtime.batch_replicas=true"])
@@ -127,8 +127,8 @@ def test_the_device_side_comparison_agrees_with_torch_equal(monkeypatch, stack_b
     """What a GPU checkpoint compares on the device (stacked by shape and dtype, in chunks, one
     read-back): the same answers as torch.equal, here on the CPU, for equal, different, empty,
     scalar, boolean and bit-viewed tensors, whatever the chunk size."""
-    from framework import checkpoint_file
-    from framework.checkpoint_file import _bits, _equal_on_device
+    from framework.checkpoints import tensor_file as checkpoint_file
+    from framework.checkpoints.tensor_file import _bits, _equal_on_device
 
     monkeypatch.setattr(checkpoint_file, "_STACK_BYTES", stack_bytes)  # 100 bytes: two 3x4 float pairs a chunk
     w = torch.randn(3, 4)
@@ -281,9 +281,9 @@ def test_cli_resume_continues_the_same_mlflow_run(tmp_path, mlflow_store):
 
 
 def test_checkpoint_files_are_safetensors_that_its_loader_reads_back(tmp_path):
-    """framework.checkpoint writes the format itself (one pass, no per-tensor Python of the
+    """framework.checkpoints.state writes the format itself (one pass, no per-tensor Python of the
     library's writer); safetensors' own loader must read every dtype and shape back exactly."""
-    from framework.checkpoint import CheckpointError, save_file
+    from framework.checkpoints.state import CheckpointError, save_file
 
     tensors = {
         "f32": torch.randn(3, 4), "f64": torch.tensor(3.5, dtype=torch.float64), "empty": torch.zeros(0, 5),

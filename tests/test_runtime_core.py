@@ -9,10 +9,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework import wire
-from framework.clock import run_virtual
+from framework.runtime import wire
+from framework.runtime.clock import run_virtual
 from framework.cluster import Cluster, Work, host_profile
-from framework.config import ClusterConfig
+from framework.config.schemas import ClusterConfig
 from framework.errors import ConfigError, DeadlockError, WireError
 from framework.models import UnitModel
 from framework.scheduler import ProgramRole

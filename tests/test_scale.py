@@ -147,7 +147,7 @@ def test_the_timelines_checkpoint_converts_only_the_intervals_added_since_the_la
     sorted however late each appeared; a restored timeline goes on the same way."""
     import torch
 
-    from framework.checkpoint import Bag
+    from framework.checkpoints.state import Bag
 
     def stored(tl):
         bag = Bag()

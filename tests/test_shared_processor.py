@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from framework.clock import run_virtual
+from framework.runtime.clock import run_virtual
 from framework.errors import ConfigError
 from framework.job import Job
 from framework.runtime.shared_processor import SharedProcessor

@@ -35,7 +35,7 @@ def test_listing_help_and_bad_input_import_no_torch(args):
         assert "gpipe" in res.stdout and "mqtt" in res.stdout and "synthetic_mnist" in res.stdout
     if args == ["--help"]:
         assert "== Config groups ==" in res.stdout and "scheduler: " in res.stdout and "train:" in res.stdout
-    if args in BAD:  # rejected in one line, by the core's checks (framework.validate), before torch
+    if args in BAD:  # rejected in one line, by the core's checks (framework.config.validate), before torch
         assert "error:" in res.stderr and "Traceback" not in res.stderr
 
 

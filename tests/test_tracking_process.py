@@ -1,4 +1,4 @@
-"""MLflow beside the run (framework.tracking_process): the recorder writes what the in-process
+"""MLflow beside the run (framework.tracking.recorder): the recorder writes what the in-process
 tracker writes, a store it cannot use costs no results, and nothing is left running."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_ctrl_c_reaches_the_run_not_the_recorder(tmp_path, mlflow_store):
 
 
 def test_which_commands_get_a_recorder(monkeypatch):
-    from framework.tracking_process import ENV, wanted
+    from framework.tracking.recorder import ENV, wanted
 
     monkeypatch.delenv(ENV, raising=False)
     assert wanted(["scheduler=pipar", "train.epochs=1"]) and wanted([])

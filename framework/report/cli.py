@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tracking-uri", default="sqlite:///outputs/mlflow.db", help="the MLflow store of an experiment (default: %(default)s)")
     p.add_argument("--parent", metavar="RUN_ID", help="an experiment's sweep to report, by its parent run id (default: the latest sweep)")
     args = p.parse_args(argv)
-    from framework.report.sources import load  # start-up: --help and bad arguments answer before Hydra (framework.config) is imported
+    from framework.report.sources import load  # start-up: --help and bad arguments answer before Hydra (framework.config.schemas) is imported
     from framework.report.write import console_table, write_report
 
     try:

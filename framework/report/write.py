@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from framework.comparison import cell, compare, distinct_columns, markdown_table, short_labels, swept_columns, write_csv
+from framework.tracking.comparison import cell, compare, distinct_columns, markdown_table, short_labels, swept_columns, write_csv
 from framework.report import plots
 from framework.report.sources import BYTES_TOTAL, EPOCH_MEAN, Source
 

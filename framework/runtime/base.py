@@ -167,7 +167,7 @@ class Runtime(ABC):
         # non-finite numbers (framework/nonfinite.py): `prepare` takes the run's guard, its stages'
         self.guard = nonfinite.Guard()
 
-    checkpoints = False  # whether `checkpoint`/`resume` work here (framework.checkpoint)
+    checkpoints = False  # whether `checkpoint`/`resume` work here (framework.checkpoints.state)
 
     def checkpoint(self, bag, prefix: str) -> dict:
         """At an epoch end where every role waits: the roles' and the runtime's state."""

@@ -18,7 +18,7 @@ import struct
 
 import numpy as np
 
-from framework import wire
+from framework.runtime import wire
 from framework.errors import WireError
 
 COORDINATOR = "coordinator"

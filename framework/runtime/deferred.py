@@ -6,7 +6,7 @@ then no other role can see it: roles share nothing. So `runtime.batch_replicas` 
 `SimContext.compute` hand the call to `DeferredCompute` and sleep; the first role that needs a
 result runs every call admitted so far (`flush`), and the forwards (and then the backwards) of
 identical replicas run together as one vmapped call, and their optimizer steps as one update
-(framework/replicas.py). With homogeneous devices, the K devices of FL or PiPar admit their
+(framework/replicas/batched.py). With homogeneous devices, the K devices of FL or PiPar admit their
 computations at the same virtual instant, and one call does the work of K.
 
 **Results on demand.** A role that only passes a result on (to its next computation, into a
@@ -34,7 +34,11 @@ from typing import Callable
 
 import torch
 
-from framework import nonfinite, replica_bank, replicas
+from framework import nonfinite
+
+from framework.replicas import bank as replica_bank
+
+from framework.replicas import batched as replicas
 from framework.runtime.placeholders import Pending, pending_in, resolve
 from framework.stage import Stage
 

@@ -23,7 +23,7 @@ from framework import nonfinite
 from framework.errors import PipelabError, WireError, listing
 from framework.runtime.base import PeerLost, RoleContext, check_retries
 from framework.runtime.control import COORDINATOR, CTL, ctl_pack, ctl_unpack
-from framework.transport import TransportError
+from framework.runtime.transport import TransportError
 
 
 # a role's exit status when its transport failed (the broker lost for good): the coordinator then

@@ -16,9 +16,9 @@ from typing import Callable
 
 import torch
 
-from framework import checkpoint as ck
+from framework.checkpoints import state as ck
 from framework import torch_device
-from framework.clock import VirtualClockLoop, run_virtual
+from framework.runtime.clock import VirtualClockLoop, run_virtual
 from framework.cluster import Cluster
 from framework.errors import ConfigError, listing
 from framework.long_lived import long_lived
@@ -46,7 +46,7 @@ def batches_replicas(cfg, cluster: Cluster, device: torch.device) -> bool:
 
 
 def convs_as_matmul(cfg, device: torch.device) -> bool:
-    """Whether batched replicas' convolutions run as matrix products (framework/batched_conv.py):
+    """Whether batched replicas' convolutions run as matrix products (framework/replicas/conv.py):
     `runtime.replica_conv=matmul`, by default where tensor work runs on a GPU."""
     choice = cfg.get("replica_conv") if cfg is not None else None
     return device.type == "cuda" if choice is None else choice == "matmul"

@@ -11,7 +11,7 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Protocol
 
-from framework.clock import VirtualClockLoop
+from framework.runtime.clock import VirtualClockLoop
 from framework.cluster import Cluster, Work
 from framework.nonfinite import NonFiniteError
 from framework.runtime.base import RoleContext, RuntimeHooks

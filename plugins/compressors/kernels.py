@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from framework import wire
+from framework.runtime import wire
 from framework.codec import codec_class
 
 _JIT = dict(cache=True, nogil=True, boundscheck=False, error_model="numpy")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from framework import knobs
+from framework.config import knobs
 from framework.errors import ConfigError
 from plugins.models.schemas import LeNetConfig  # the schemas live in a light module: registry.declare
 

@@ -1,8 +1,8 @@
 """Built-in latency predictors, declared (framework.registry.declare), and AccEPT's re-planning,
 the online half of its adaptive predictor, declared as the pipeline stages' epoch-end policy
-(framework.pipeline_epoch_end.declare)."""
+(framework.pipeline.epoch_end.declare)."""
 
-from framework import pipeline_epoch_end
+from framework.pipeline import epoch_end as pipeline_epoch_end
 from framework.registry import declare
 from plugins.predictors.schemas import AcceptConfig, CapacityConfig, FlopsConfig, LutConfig, OracleConfig
 

@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save_file
 
 from framework import profile_tables
 from framework.cluster import Device, Work
-from framework.config import DeviceConfig
+from framework.config.schemas import DeviceConfig
 from framework.errors import ConfigError
 from framework.models import KINDS
 from framework.predictor import Predictor

@@ -8,13 +8,13 @@ If a stage's time is off its prediction by more than eps (relative), the central
 predictor what those stages measured (`Predictor.observe`: AccEPT re-measures the device's
 hardware vector and fine-tunes on the reports; FTPipeHD's ratio and the other predictors rescale
 the device), plans again with the run's partitioner, and sends every stage the cuts (message
-`plan`); units then move as in a configured repartition (framework/repartition.py) before the
+`plan`); units then move as in a configured repartition (framework/pipeline/repartition.py) before the
 next epoch. The plan and its predicted epoch time are kept per re-planning in the summary
 (`replans`).
 
 It lives with the predictors because it is the online half of AccEPT's adaptive predictor (the
 reports are what the predictor learns from); it plugs into the pipeline's epoch end
-(framework.pipeline_epoch_end), declared in plugins/predictors/__init__.py, and works with any
+(framework.pipeline.epoch_end), declared in plugins/predictors/__init__.py, and works with any
 `framework.predictor.Predictor`. Stage 0 plans with its own planner (`StageView.planner`: the
 run's partitioner, this process's predictor and cluster), never with the scheduler.
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 
 from framework.errors import ConfigError
-from framework.partition import bounds_from_cuts
-from framework.pipeline_epoch_end import EpochEndPolicy, EpochEndSpec, StageView
+from framework.pipeline.partition import bounds_from_cuts
+from framework.pipeline.epoch_end import EpochEndPolicy, EpochEndSpec, StageView
 from framework.predictor import Predictor
 
 KNOB = "replan_epsilon"

@@ -7,7 +7,7 @@
   unit; a worker measures its current sub-model once, and its ratio to the central node's time for
   the same units scales the central profile: T_i(a, b) = r_i * sum_j T_0(j). The "current
   sub-model" is the worker's stage under FTPipeHD's first, average partition (every device taken
-  as fast as the central node; framework.partition.balanced_bounds over dev0..dev{N-1}); a device
+  as fast as the central node; framework.pipeline.partition.balanced_bounds over dev0..dev{N-1}); a device
   outside those measures the whole model. Blind to per-layer-kind speed differences.
 
 "Measuring" on the simulator asks the device's time model (a `measured` device, with no model
@@ -17,7 +17,7 @@ before it runs, is priced by FLOPs, as `oracle` does).
 from __future__ import annotations
 
 from framework.cluster import Device, Work
-from framework.partition import balanced_bounds
+from framework.pipeline.partition import balanced_bounds
 from framework.predictor import Predictor
 from plugins.predictors.basic import measure
 from plugins.predictors.schemas import CapacityConfig, LutConfig  # noqa: F401  (registry.declare)

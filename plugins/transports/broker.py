@@ -35,16 +35,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from framework import faults, knobs
+from framework.tracking import faults
+
+from framework.config import knobs
 from framework.errors import ConfigError
-from framework.parent_death import die_with_parent
+from framework.runtime.parent_death import die_with_parent
 from plugins.transports import broker_check
 from plugins.transports.mqtt_config import BrokerConfig
 from plugins.transports.mqtt_credentials import PASSWORD_ENV
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 1883
-PROBE_USER = "_probe"  # a role name never starts with `_` (framework.transport.check_name)
+PROBE_USER = "_probe"  # a role name never starts with `_` (framework.runtime.transport.check_name)
 PORT_TRIES = 5
 
 INSTALL_HINT = (

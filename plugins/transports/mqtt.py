@@ -56,7 +56,7 @@ from aiomqtt.exceptions import MqttConnectError
 from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
-from framework.transport import NAME_RE, Mailboxes, Network, Transport, TransportError, check_name
+from framework.runtime.transport import NAME_RE, Mailboxes, Network, Transport, TransportError, check_name
 from plugins.transports.broker import DEFAULT_HOST, DEFAULT_PORT, named, resolve, run_acl
 from plugins.transports.mqtt_config import BrokerConfig, MqttConfig, check_link, is_loopback, validate_config  # noqa: F401  (re-exported)
 from plugins.transports.mqtt_credentials import PASSWORD_ENV, RoleCredentials, RunSecrets, broker_password, load

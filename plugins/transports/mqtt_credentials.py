@@ -7,7 +7,7 @@ algorithm, and its broker user name and password. They never appear on a command
 process's environment:
 
 - `runtime=local` hands each role process its token through an inherited pipe
-  (framework.secret_pipe: `Network.worker_secret`); the role reads it once and closes the
+  (framework.runtime.secret_pipe: `Network.worker_secret`); the role reads it once and closes the
   pipe. Not the environment: /proc/<pid>/environ shows a process's starting environment for
   its whole life, whatever it removes from `os.environ` later. Role processes do not inherit
   `PIPELAB_MQTT_PASSWORD` either (their broker password, if any, is in the token);
@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from framework import faults, secret_pipe
+from framework.tracking import faults
+
+from framework.runtime import secret_pipe
 from framework.errors import ConfigError
 
 PASSWORD_ENV = "PIPELAB_MQTT_PASSWORD"

@@ -6,7 +6,7 @@ error-feedback gradients, Algorithm 1 choosing the number of workers n.
   planner: Algorithm 1 over a run's devices; fifo: the iteration as the FIFO star runs it
 """
 
-from framework.objective import declare_metrics
+from framework.tracking.objective import declare_metrics
 from framework.registry import declare
 from plugins.schedulers.adalearner.schema import AdaLearnerConfig
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from framework.knobs import choices
+from framework.config.knobs import choices
 from framework.specs import Data, absent_when_none
 from plugins.schedulers.adalearner.schema import AdaLearnerConfig
 

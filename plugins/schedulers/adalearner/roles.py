@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework import checkpoint as ck
+from framework.checkpoints import state as ck
 from framework.cluster import Work
 from framework.scheduler import Role, SchedulerContext
 from framework.specs import RoleSpec

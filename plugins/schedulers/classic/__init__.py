@@ -1,6 +1,6 @@
 """The classic pipeline schedules a researcher compares: GPipe, 1F1B, PipeDream, and one device
 (the reference loop). Each is a program of forward/backward actions per stage
-(framework.pipeline); this package declares them."""
+(framework.pipeline.scheduler); this package declares them."""
 
 from framework.registry import declare
 from plugins.schedulers.classic.schema import GPipeConfig, LocalConfig, OneFOneBConfig, PipeDreamConfig

@@ -1,13 +1,13 @@
 """The classic schedules: local, GPipe, 1F1B (PipeDream-flush) and PipeDream (async 1F1B).
 
-Each is only its per-stage action list; `framework.pipeline.PipelineScheduler` runs it.
+Each is only its per-stage action list; `framework.pipeline.scheduler.PipelineScheduler` runs it.
 """
 
 from __future__ import annotations
 
 
 from framework.errors import ConfigError
-from framework.pipeline import STEP, B, F, PipelineScheduler, one_f_one_b
+from framework.pipeline.scheduler import STEP, B, F, PipelineScheduler, one_f_one_b
 
 
 class Local(PipelineScheduler):
@@ -45,7 +45,7 @@ class PipeDream(PipelineScheduler):
     As FTPipeHD and AccEPT use it: stage s updates after each backward, and backpropagates
     through the weights its forward used (stashed), as many updates old as its warm-up has
     forwards: S-1-s with `in_flight` S (the default; FTPipeHD's semaphore of N), more with a
-    deeper pipeline (framework.pipeline.one_f_one_b). The pipeline drains at each epoch end so
+    deeper pipeline (framework.pipeline.scheduler.one_f_one_b). The pipeline drains at each epoch end so
     that evaluation sees one consistent model."""
 
     flush_per = "epoch"

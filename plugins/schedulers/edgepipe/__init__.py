@@ -9,7 +9,7 @@ Eq. 2's slot schedule over lossy links.
   and curve: lossy test passes, accuracy over time
 """
 
-from framework.objective import declare_metrics
+from framework.tracking.objective import declare_metrics
 from framework.registry import declare
 from plugins.schedulers.edgepipe.schema import SuperNeuronConfig
 

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from framework.knobs import choices
+from framework.config.knobs import choices
 from framework.specs import Data
 from plugins.schedulers.edgepipe.schema import SuperNeuronConfig
 

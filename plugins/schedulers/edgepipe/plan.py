@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from framework import wire
+from framework.runtime import wire
 from framework.errors import ConfigError
 from framework.specs import Data, absent_when_none
 from plugins.schedulers.edgepipe import budget, channel, curve, mapping, recovery, timing

@@ -10,7 +10,7 @@ replayed through the current weights, with its baselines JointDNN and edge-only.
   plan's profile, as the coordinator and the adaptive edge run it
 """
 
-from framework.objective import declare_metrics
+from framework.tracking.objective import declare_metrics
 from framework.registry import declare
 from plugins.schedulers.feature_replay.schema import EdgeOnlyConfig, FeatureReplayConfig, JointDNNConfig
 

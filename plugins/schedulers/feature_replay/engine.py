@@ -6,7 +6,7 @@ from its spec and re-decides every iteration on the rates it measures.
 
 from __future__ import annotations
 
-from framework.knobs import choices
+from framework.config.knobs import choices
 from plugins.schedulers.feature_replay import cost, pipeline
 from plugins.schedulers.feature_replay.plan import Profile
 from plugins.schedulers.feature_replay.schema import FeatureReplayConfig

@@ -31,7 +31,7 @@ import collections
 import math
 from dataclasses import dataclass
 
-from framework.knobs import choices
+from framework.config.knobs import choices
 from plugins.schedulers.feature_replay.schema import FeatureReplayConfig
 
 POLICIES = choices(FeatureReplayConfig, "staleness_policy")  # what epoch_seconds walks

@@ -47,7 +47,7 @@ from __future__ import annotations
 import collections
 import copy
 
-from framework import repartition as rp
+from framework.pipeline import repartition as rp
 from framework.errors import ConfigError, listing
 from framework.scheduler import Role, Scheduler
 from plugins.schedulers.feature_replay import cost, engine, pipeline

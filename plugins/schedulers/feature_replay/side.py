@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from framework import repartition as rp
-from framework import wire
+from framework.pipeline import repartition as rp
+from framework.runtime import wire
 from framework.models import clone_module
 from framework.scheduler import Role, SchedulerContext
 from framework.stage import Stage

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from framework.pipeline import STEP, Action, B, F, PipelineScheduler
+from framework.pipeline.scheduler import STEP, Action, B, F, PipelineScheduler
 
 
 class Naive(PipelineScheduler):

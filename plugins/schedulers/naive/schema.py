@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.config import PipelineConfig
+from framework.config.schemas import PipelineConfig
 
 
 @dataclass

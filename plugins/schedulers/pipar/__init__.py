@@ -9,7 +9,7 @@ baselines it compares against: FL (FedAvg), SFL (SplitFed) and vanilla SL.
 - idle: the server's and devices' idle times (Figs 4-7)
 """
 
-from framework.objective import declare_metrics
+from framework.tracking.objective import declare_metrics
 from framework.registry import declare
 from plugins.schedulers.pipar.schema import CollabConfig, FLConfig, SFLConfig, SLConfig
 

@@ -39,7 +39,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from framework.cluster import Work
-from framework.knobs import choices
+from framework.config.knobs import choices
 from plugins.schedulers.pipar.schema import CollabConfig
 
 ESTIMATORS = choices(CollabConfig, "estimator")  # the DAGs table1_dag builds

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from framework import checkpoint as ck
+from framework.checkpoints import state as ck
 from framework.cluster import Work
 from framework.runtime.base import PeerLost
 from framework.scheduler import Role, SchedulerContext
