@@ -24,7 +24,6 @@ import difflib
 import os
 import re
 import sys
-import tempfile
 import traceback
 import typing
 from collections.abc import Mapping
@@ -40,7 +39,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeErr
 
 from framework import registry
 
-from framework.config import knobs
+from framework.config import knobs, preflight
 from framework.config.dirs import CONF_DIR, extra_config_dirs
 from framework.errors import CHOICES_MOST, LINE_MAX, PipelabError, listing, one_line
 from framework.config.group_options import check_group_overrides, group_choices
@@ -360,16 +359,8 @@ def _check_args(argv: list[str], compose_fn=None) -> str | None:
         if line is None:
             raise
         return line
-    from framework.job import Job  # torch: start-up (bad input is reported before torch is imported)
-
-    with tempfile.TemporaryDirectory(prefix="pipelab-check-") as out_dir:
-        try:
-            if cfg.train.resume:
-                from framework.checkpoints.state import resumed_config  # torch: start-up
-
-                cfg = resumed_config(cfg, overrides)
-                out_dir = cfg.train.resume
-            Job(cfg, out_dir, overrides=overrides)
-        except PipelabError as e:
-            return str(e)
+    try:
+        preflight.check(cfg, overrides)  # what a run checks before it starts (bad input before torch, where it can)
+    except PipelabError as e:
+        return str(e)
     return None
