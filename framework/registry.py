@@ -62,7 +62,6 @@ GROUPS = (
 )
 
 
-
 @dataclass(frozen=True)
 class Entry:
     group: str

@@ -263,16 +263,20 @@ def test_a_plugin_that_imports_torch_is_declared_without_importing_it(tmp_path):
     metadata: `--help` and a bad override list it and import no torch (nor the package); selecting
     it imports it, and its schema types its options as a built-in's; a run builds and runs it."""
     site = install_plugin(tmp_path / "site", "pipelab_ext_heavy", HEAVY, "scheduler.heavy_gpipe", "pipelab_ext_heavy:HeavyGPipe")
+    install_plugin(site, "pipelab_ext_broken", "import pipelab_no_such_module\n", "scheduler.broken", "pipelab_ext_broken:Broken")
     out = tmp_path / "run"
     procs = [probe(["--help"], site, None), probe(["scheduler=heavy_gpip"], site, None), probe(["--cfg", "job", "scheduler=heavy_gpipe", "scheduler.rounds=3"], site, None),
-             probe(["scheduler=heavy_gpipe", "scheduler.rounds=many"], site, None), probe(["scheduler=heavy_gpipe", *RUN, f"hydra.run.dir={out}"], site, None)]
-    (helped, help_err, help_heavy), (_, wrong, wrong_heavy), (shown, shown_err, _), (_, typed, _), (ran, ran_err, _) = map(heavy_of, procs)
-    with_heavy = ", ".join(sorted(builtin_schedulers() + ["heavy_gpipe"]))
+             probe(["scheduler=heavy_gpipe", "scheduler.rounds=many"], site, None), probe(["scheduler=heavy_gpipe", *RUN, f"hydra.run.dir={out}"], site, None),
+             probe(["scheduler=broken", *RUN], site, None)]
+    (helped, help_err, help_heavy), (_, wrong, wrong_heavy), (shown, shown_err, _), (_, typed, _), (ran, ran_err, _), (_, broken, _) = map(heavy_of, procs)
+    with_heavy = ", ".join(sorted(builtin_schedulers() + ["broken", "heavy_gpipe"]))
     assert help_heavy == ["HEAVY:"] and f"scheduler: {with_heavy}" in helped, help_err[-2000:]
     assert wrong_heavy == ["HEAVY:"] and wrong.splitlines()[0] == f"error: scheduler=heavy_gpip: no such scheduler (did you mean scheduler=heavy_gpipe?); choices: {with_heavy}", wrong
     assert "scheduler:\n  name: heavy_gpipe\n  microbatches: 2\n" in shown and "rounds: 3" in shown, shown_err[-2000:]  # the schema, not the placeholder
     assert typed.splitlines()[0].startswith("error: scheduler.rounds: 'many' is not an integer"), typed
     assert "heavy_gpipe:" in ran and json.loads((out / "summary.json").read_text())["scheduler"] == "heavy_gpipe", ran_err[-3000:]
+    # a declared plugin whose module fails to import when Hydra loads its option: one line, exit 2 (PROBE prints its HEAVY line after)
+    assert broken.splitlines()[0] == "error: plugin scheduler.broken = pipelab_ext_broken:Broken ('pipelab.plugins' entry point) failed to load: ModuleNotFoundError: No module named 'pipelab_no_such_module'", broken
 
 
 def test_the_suite_sees_only_this_repos_plugins_and_its_own(tmp_path):

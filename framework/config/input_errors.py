@@ -112,6 +112,9 @@ def _parse_problem(arg: str, key: str, message: str, argv=()) -> str:
 
 def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     """One line for an exception Hydra or OmegaConf raised composing the config; None for any other."""
+    ours = _pipelab_problem(exc)
+    if ours:
+        return ours
     bad_yaml = _yaml_problem(exc, argv)
     if bad_yaml:
         return bad_yaml
@@ -142,6 +145,18 @@ def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     if m:
         return f"{m.group(1)}: no such key to delete (~{m.group(1)})"
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def _pipelab_problem(exc: BaseException) -> str | None:
+    """The line of our own error raised while Hydra composed (a plugin declared from metadata whose
+    module fails to import when Hydra loads its option: framework.registry), however Hydra wrapped it."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PipelabError):
+            return str(exc)
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _yaml_problem(exc: BaseException, argv: list[str]) -> str | None:
