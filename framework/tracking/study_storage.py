@@ -14,6 +14,7 @@ optuna finds a storage it made itself and carries on. A storage that cannot be o
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import zlib
@@ -56,6 +57,7 @@ def prepare(url: str) -> None:
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines ("setup plugin ...") would reach Hydra's log
     engine = sqlalchemy.create_engine(url)
     try:
         with _one_at_a_time(url, engine):
