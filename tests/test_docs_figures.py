@@ -10,6 +10,7 @@ Slow: `experiments/docs_figures.py --check` itself, every command as a user runs
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import os
@@ -67,6 +68,11 @@ def test_the_epoch_time_figure_matches_its_sweep(tmp_path):
     assert main([str(tmp_path / "sweep"), "--out", str(tmp_path / "report")]) == 0
     now = json.loads((tmp_path / "report" / "epoch_time.json").read_text())
     assert docs_figures.differences(json.loads(EPOCH_TIME.data.read_text()), now) == []
+    # the cuts the page quotes for 10 Mbit/s are the runs' plans
+    with (tmp_path / "report" / "runs.csv").open() as f:
+        cuts = {r["compressor.name"]: r["plan/cuts"] for r in csv.DictReader(f) if float(r["cluster.link.bandwidth_bps"]) == 1e7}
+    assert cuts == {"none": "3", "fp16": "3", "mbq": "2"}
+    assert "`plan/cuts` 3, 3 and 2" in (REPO / EPOCH_TIME.page).read_text().replace("\n", " ")
 
 
 def test_a_stale_figure_is_named_with_its_values():

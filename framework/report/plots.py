@@ -111,7 +111,9 @@ def epoch_time(records: Sequence[RunRecord], columns: Sequence[str], labels: Seq
     plt = _plt()
     if not numeric:
         fig, ax = plt.subplots(figsize=(7, 0.4 * len(runs) + 1.6))
-        ax.barh(range(len(runs)), [r.metrics[EPOCH_MEAN] for r in recs], color="tab:blue")
+        bars = ax.barh(range(len(runs)), [r.metrics[EPOCH_MEAN] for r in recs], color="tab:blue")
+        ax.bar_label(bars, fmt="%.4g", padding=3, fontsize=8)  # the value at each bar's end
+        ax.margins(x=0.15)  # room for the labels
         ax.set_yticks(range(len(runs)), [lab for _, lab in runs], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel(ylabel)
