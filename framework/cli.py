@@ -20,22 +20,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from framework import registry
-
-from framework.tracking import faults
-
-from framework.config import input_errors
-
-from framework.config import knob_help
-
-from framework.config import preflight
-
-from framework.tracking import objective
-
-from framework.tracking import recorder as tracking_process
-from framework.config.schemas import task_overrides
+from framework.config import input_errors, knob_help, preflight
 from framework.config.dirs import CONF_DIR
-from framework.errors import PipelabError, one_line
 from framework.config.group_options import check_group_overrides, group_choices
+from framework.config.schemas import task_overrides
+from framework.errors import PipelabError, one_line
+from framework.tracking import faults, objective
+from framework.tracking import recorder as tracking_process
 from framework.tracking.multirun import parent_run_id, sweep_keys
 
 

@@ -27,13 +27,12 @@ from typing import Any
 
 import torch
 
-from framework.config import knobs
-
-from framework.runtime import wire
 from framework.checkpoints.state import CheckpointError
 from framework.codec import Encoded, codec_class
+from framework.config import knobs
 from framework.config.schemas import CodecTimeConfig, CompressionConfig, CompressorConfig, DirectionConfig  # noqa: F401  (re-exported)
 from framework.errors import ConfigError
+from framework.runtime import wire
 
 
 class _Direction:

@@ -22,22 +22,22 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from framework.checkpoints import state as ck
 from framework import registry, torch_device
+from framework.checkpoints import state as ck
 from framework.checkpoints.writer import CheckpointWriter
 from framework.cluster import Cluster
 from framework.config.schemas import swept_overrides
+from framework.config.validate import validate
 from framework.data import build_dataset
 from framework.errors import ConfigError
 from framework.long_lived import long_lived
-from framework.tracking.store import flatten, mlflow_name
 from framework.models import build_model
 from framework.nonfinite import NonFiniteError
 from framework.runtime.base import RuntimeHooks
-from framework.scheduler import SchedulerContext
-from framework.tracking.tracker import NullTracker
 from framework.runtime.transport import FAULTS, Network
-from framework.config.validate import validate
+from framework.scheduler import SchedulerContext
+from framework.tracking.store import flatten, mlflow_name
+from framework.tracking.tracker import NullTracker
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

@@ -16,14 +16,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.runtime import wire
 from framework.codec import Encoded, codec_class, codec_names
 from framework.compression import Compressor
 from framework.errors import WireError
+from framework.runtime import wire
 from framework.runtime.control import COORDINATOR, CTL, SCHEMA, TO_COORDINATOR, ctl_pack, ctl_unpack
-from framework.timeline import Timeline
 from framework.runtime.transport import Mailboxes, Network, Transport
 from framework.specs import RoleSpec
+from framework.timeline import Timeline
 
 N_INPUTS = int(os.environ.get("PIPELAB_FUZZ_N", 10_000))  # per decoder
 BOUND = 1 << 20  # the fuzzed decoder's decoded-size bound: every valid packet below is smaller

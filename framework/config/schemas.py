@@ -20,8 +20,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, OmegaConf
 
-from framework.errors import ConfigError
 from framework.config.knobs import Range, knob, knob_factory
+from framework.errors import ConfigError
+
 
 @dataclass
 class ModelConfig:

@@ -18,11 +18,11 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from framework.tracking.comparison import RunRecord, is_number
 from framework.config.schemas import SWEEP_KEYS_FILE
 from framework.errors import PipelabError
-from framework.tracking.store import flatten, mlflow_name, quiet_mlflow
+from framework.tracking.comparison import RunRecord, is_number
 from framework.tracking.multirun import swept_keys
+from framework.tracking.store import flatten, mlflow_name, quiet_mlflow
 
 EPOCH_MEAN = "time/epoch_virtual_s (mean)"  # the mean over epochs: MLflow's latest value is the last epoch's only
 BYTES_TOTAL = "net/bytes (all links)"

@@ -21,11 +21,9 @@ from hydra.core.utils import JobStatus
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from framework.tracking import faults
-
-from framework.tracking import objective
 from framework.config.schemas import SWEEP_KEYS_FILE, read_sweep_keys
 from framework.errors import PipelabError, one_line
+from framework.tracking import faults, objective
 from framework.tracking.store import client_and_experiment
 from framework.tracking.sweep_summary import summarize_sweep
 

@@ -26,7 +26,6 @@ import re
 from typing import Any, Callable, Iterable, Optional
 
 from framework import registry
-
 from framework.config import knobs
 from framework.config.schemas import TrackingConfig
 from framework.errors import ConfigError, listing

@@ -40,8 +40,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from framework.tracking import faults
 from framework.errors import PipelabError
+from framework.tracking import faults
 from framework.tracking.tracker import MlflowTracker, dataset_records
 
 ENV = "PIPELAB_TRACKING_PROCESS"  # 0: MLflow in the run's own process

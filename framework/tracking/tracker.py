@@ -17,8 +17,8 @@ import os
 import time
 
 from framework.tracking import faults
-from framework.tracking.store import client_and_experiment
 from framework.tracking.multirun import job_num
+from framework.tracking.store import client_and_experiment
 
 
 def dataset_records(dataset) -> list[dict]:
