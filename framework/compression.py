@@ -323,9 +323,17 @@ class Compressor:
 
     # ---- what a run reports -----------------------------------------------------------------
 
+    def coded_directions(self) -> set[str]:
+        """The directions (`fwd`, `bwd`) a codec codes; the others travel raw."""
+        return {d.name for d in self.directions.values() if d.codec is not None}
+
     def epoch_metrics(self) -> dict[str, float]:
+        """Bit widths and quantization error of the directions a codec codes (a raw direction's
+        32 bits and no error say nothing; `summary` keeps them)."""
         out = {}
         for d in self.directions.values():
+            if d.codec is None:
+                continue
             out[f"compression/bits_{d.name}"] = d.bits
             err = d.take_error()
             if err is not None:

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from framework.tracking import faults
 
-from framework.tracking import objective
+from framework.tracking import objective, run_names
 from framework.config.schemas import SWEEP_KEYS_FILE, read_sweep_keys
 from framework.errors import PipelabError, one_line
 from framework.tracking.store import client_and_experiment
@@ -65,7 +65,7 @@ class MultirunParent(Callback):
         faults.reap_orphans(self.client, exp_id)  # a sweep killed with SIGKILL: its parent and children
         note = " ".join(task + [f"{k}={v}" for k, v in space.items()])
         tags = {"pipelab.sweep_dir": str(sweep_dir), "mlflow.note.content": note, **faults.process_tags()}
-        run = self.client.create_run(exp_id, run_name=f"sweep {sweep_dir.name}", tags=tags)
+        run = self.client.create_run(exp_id, run_name=run_names.sweep_name(task, keys, space), tags=tags)
         self.run_id = run.info.run_id
         (sweep_dir / PARENT_FILE).write_text(self.run_id)
         os.environ["PIPELAB_PARENT_RUN_ID"] = self.run_id
