@@ -27,7 +27,7 @@ from framework.config import input_errors
 
 from framework.config import knob_help
 
-from framework.tracking import objective
+from framework.tracking import objective, ui_links
 
 from framework.tracking import recorder as tracking_process
 from framework.config.schemas import task_overrides
@@ -87,6 +87,8 @@ def app(cfg: DictConfig) -> float | None:
     if not objective.feasible(metrics, cfg.tracking):
         parts.append(f"below the floor {objective.describe_floor(cfg.tracking)}")
     print(f"{cfg.scheduler.name}: " + ", ".join(parts) + f"  ->  {out_dir}")
+    if summary.get("mlflow_run_id") and summary.get("mlflow_experiment_id"):
+        print("MLflow: " + ui_links.describe(cfg.tracking.uri, ui_links.run_url(ui_links.ui_base(cfg.tracking.uri)[0], summary["mlflow_experiment_id"], summary["mlflow_run_id"])))
     # the value a Hydra sweeper (Optuna) optimises: tracking.optimized_metric, the worst value
     # for a run below tracking.metric_floor (the same rule picks the parent run's best child)
     return objective.score(metrics, cfg.tracking)

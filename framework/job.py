@@ -441,6 +441,7 @@ class Job(RuntimeHooks):
             "dropouts": rt.dropouts,
             "processes": rt.process_stats,
             "mlflow_run_id": None,  # below, once the tracker has it
+            "mlflow_experiment_id": None,
         }
         if self.failure is not None:
             summary["failure"] = self.failure
@@ -467,6 +468,7 @@ class Job(RuntimeHooks):
         except Exception as e:  # a plot must never hide the run's real outcome
             print(f"warning: could not draw timeline.png: {type(e).__name__}: {e}", file=sys.stderr)
         summary["mlflow_run_id"] = run_id = self.tracker.run_id
+        summary["mlflow_experiment_id"] = self.tracker.experiment_id if run_id is not None else None
         if run_id is not None and self.checkpointing and ck.exists(self.out_dir):
             ck.record_run_id(self.out_dir, run_id)  # a checkpoint taken before the id was known
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from framework.tracking import faults
 
-from framework.tracking import objective, run_names
+from framework.tracking import objective, run_names, ui_links
 from framework.config.schemas import SWEEP_KEYS_FILE, read_sweep_keys
 from framework.errors import PipelabError, one_line
 from framework.tracking.store import client_and_experiment
@@ -82,6 +82,7 @@ class MultirunParent(Callback):
                 # jobs in other processes (joblib, submitit) call on_job_end on their own copy of
                 # this callback: the children's statuses in the store say whether one failed
                 self.failed |= any(row.get("status") == "FAILED" for row in result["rows"])
+                print(sweep_outcome(result, config.tracking, self.experiment_id, self.run_id))
             except Exception as e:  # the comparison must never hide the sweep's own outcome
                 print(f"warning: could not summarise the sweep on its parent run: {e}", file=sys.stderr)
             self.ended = True
@@ -95,6 +96,21 @@ class MultirunParent(Callback):
         if self.run_id and self.client is not None and not self.ended:
             self.ended = True
             faults.close_sweep(self.client, self.experiment_id, self.run_id, status="FAILED")
+
+
+def sweep_outcome(result: dict, tcfg, experiment_id: str, parent_id: str) -> str:
+    """What a sweep ends with: its best job by the optimized metric (or why none), and links to
+    its runs and to the best job's charts in the MLflow UI (framework.tracking.ui_links)."""
+    base, _ = ui_links.ui_base(tcfg.uri)
+    metric = tcfg.optimized_metric
+    best = result.get("best")
+    lines = [f"sweep: {len(result['rows'])} job(s); runs: " + ui_links.describe(tcfg.uri, ui_links.experiment_url(base, experiment_id))]
+    if best is None:
+        floor = objective.describe_floor(tcfg)
+        lines.append(f"best: none (no job recorded {metric}" + (f" at {floor}" if floor else "") + ")")
+    else:
+        lines.append(f"best: {best.name}: {metric} {best.metrics[metric]:.6g} ({tcfg.optimized_direction})  {ui_links.run_url(base, experiment_id, best.run_id)}")
+    return "\n".join(lines)
 
 
 def sweeper_params(config) -> dict:
