@@ -328,13 +328,15 @@ class Compressor:
         return {d.name for d in self.directions.values() if d.codec is not None}
 
     def epoch_metrics(self) -> dict[str, float]:
-        """Bit widths and quantization error of the directions a codec codes (a raw direction's
-        32 bits and no error say nothing; `summary` keeps them)."""
+        """Bit widths (where a schedule changes them: a fixed width is the run's param) and
+        quantization error of the directions a codec codes (a raw direction's 32 bits and no
+        error say nothing; `summary` keeps them all)."""
         out = {}
         for d in self.directions.values():
             if d.codec is None:
                 continue
-            out[f"compression/bits_{d.name}"] = d.bits
+            if d.schedule:
+                out[f"compression/bits_{d.name}"] = d.bits
             err = d.take_error()
             if err is not None:
                 out[f"compression/rel_err_{d.name}"] = err
