@@ -72,7 +72,7 @@ STEP_AXIS = "training iterations done"  # every metric's step, epoch-end and end
 
 class _StepLogger:
     """Logs at one step (the iterations done at an epoch end) and remembers what it logged; a
-    value the same every epoch so far is held back (framework.tracking.series)."""
+    value the same as every epoch's before it is held back (framework.tracking.series)."""
 
     def __init__(self, tracker, step: int, last_step: dict, series: EpochSeries):
         self.tracker, self.step, self.last_step, self.series = tracker, step, last_step, series
@@ -256,7 +256,6 @@ class Job(RuntimeHooks):
         for name in self.RECORDS:
             setattr(self, name, bag.meta["job"][name] if name in bag.meta["job"] or name not in self.OPTIONAL_RECORDS else self.OPTIONAL_RECORDS[name]())
         self._last_step = {k: int(v) for k, v in self._last_step.items()}
-        EpochSeries(self._series).resumed()
         self.compressor.restore(bag, bag.meta["compressor"])
         self.runtime.resume(bag, bag.meta["runtime"], epoch)
         self.resumed_epoch = epoch
@@ -372,8 +371,7 @@ class Job(RuntimeHooks):
         """The end-of-run metrics MLflow gets (summary.json has them all): those that matter for
         this run's scheduler and compressor (framework.tracking.relevance), a family of per-device
         values over `tracking.per_device_max` as its statistics and `per_device.csv`/`.png`
-        (framework.tracking.per_device); per-epoch ones held while constant are logged once."""
-        EpochSeries(self._series).finish(self.tracker)
+        (framework.tracking.per_device)."""
         stale = bool((summary.get("staleness") or {}).get("max"))
         shown = relevance.for_mlflow(metrics, coded=self.compressor.coded_directions(), pipeline=bool(summary["pipeline"]), stale=stale)
         shown, tables = per_device.split(shown, int(self.cfg.tracking.per_device_max))

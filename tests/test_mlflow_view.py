@@ -68,26 +68,24 @@ class Recorded:
         return [(s, v) for k, v, s in self.points if k == key]
 
 
-def test_a_per_epoch_metric_is_held_while_constant_and_sent_whole_once_it_varies():
+def test_a_per_epoch_metric_is_one_point_while_constant_and_a_line_once_it_varies():
     t, series = Recorded(), EpochSeries()
-    for step, (epoch_s, acc) in enumerate([(3.8406863660606123, 0.5), (3.840686366060899, 0.6), (3.8406863660606, 0.7)], start=1):
+    for step, (epoch_s, acc, wall) in enumerate([(3.8406863660606123, 0.1, 1.0), (3.840686366060899, 0.1, 2.0), (3.8406863660606, 0.1, 3.0), (3.8406863660606, 0.7, 4.0)], start=1):
         series.log(t, "time/epoch_virtual_s", epoch_s, step * 10)  # float noise in the 13th digit: constant
         series.log(t, "val/acc", acc, step * 10)
-    assert t.of("val/acc") == [(10, 0.5), (20, 0.6), (30, 0.7)]
-    assert t.of("time/epoch_virtual_s") == []
-    series.finish(t)
-    assert t.of("time/epoch_virtual_s") == [(30, 3.8406863660606)]  # one point, the latest value
+        series.log(t, "time/wall_s", wall, step * 10)
+    assert t.of("time/epoch_virtual_s") == [(10, 3.8406863660606123)]  # one point: the first, shown at once
+    assert t.of("val/acc") == [(10, 0.1), (20, 0.1), (30, 0.1), (40, 0.7)]  # held repeats sent once it varied
+    assert t.of("time/wall_s") == [(10, 1.0), (20, 2.0), (30, 3.0), (40, 4.0)]
 
 
-def test_a_resumed_series_does_not_log_the_value_the_stopped_run_logged_again():
+def test_a_resumed_series_goes_on_from_its_checkpointed_state():
     t, series = Recorded(), EpochSeries()
-    series.log(t, "time/epoch_virtual_s", 2.0, 3)
-    state = json.loads(json.dumps(series.state))  # as a checkpoint keeps it
-    series.finish(t)  # the stopped run ends: (3, 2.0) is in MLflow
-    resumed = EpochSeries(state)
-    resumed.resumed()
-    resumed.log(t, "time/epoch_virtual_s", 2.5, 6)
-    assert t.of("time/epoch_virtual_s") == [(3, 2.0), (6, 2.5)]
+    series.log(t, "val/acc", 0.1, 3)
+    series.log(t, "val/acc", 0.1, 6)
+    resumed = EpochSeries(json.loads(json.dumps(series.state)))  # as a checkpoint keeps it
+    resumed.log(t, "val/acc", 0.5, 9)
+    assert t.of("val/acc") == [(3, 0.1), (6, 0.1), (9, 0.5)]
 
 
 def test_without_a_codec_no_codec_metrics_and_only_what_the_schedule_has():

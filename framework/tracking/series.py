@@ -1,12 +1,12 @@
-"""Per-epoch metrics reach MLflow once they vary: a number that stays the same every epoch (the
-virtual clock's epoch time of a deterministic run, a codec's fixed bit width) would draw a chart
-of one flat line, or, with float noise in its last digit, an autoscaled "dramatic diagonal".
+"""Per-epoch metrics reach MLflow as a line only once they vary: a number that stays the same every
+epoch (the virtual clock's epoch time of a deterministic run, val/acc stuck at chance) would draw a
+flat line, or, with float noise in its last digit, an autoscaled "dramatic diagonal".
 
-`EpochSeries` holds a metric's values while they are all the same (to 1e-9, relative); the first
-value that differs sends the held ones and it, and from then on every value goes straight on. At
-the run's end a metric that never varied is logged once, at its last step, so it is still the
-run's latest value (a runs-table column, a sweep's objective), one point rather than a line.
-summary.json's `history` keeps every epoch's value either way.
+`EpochSeries` logs a metric's first value at once (a run being watched shows it) and holds the
+values after it while they are the same (to 1e-9, relative); the first value that differs sends the
+held ones and it, and from then on every value goes straight on. A metric that never varies is one
+point, its first epoch's: its value is still the run's latest (a runs-table column, a sweep's
+objective). summary.json's `history` keeps every epoch's value either way.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ def same(a: float, b: float) -> bool:
 
 
 class EpochSeries:
-    """Holds constant per-epoch metrics back from a tracker (see the module's doc). Its state is
-    plain data (`state`: held values and the keys that varied) that a checkpoint keeps, so a
-    resumed run goes on holding what the stopped one held."""
+    """Holds the repeats of constant per-epoch metrics back from a tracker (see the module's doc).
+    Its state is plain data (held values, the keys that varied) that a checkpoint keeps, so a
+    resumed run goes on where the stopped one was."""
 
     def __init__(self, state: dict | None = None):
         self.state = state if state is not None else {}
-        self.state.setdefault("held", {})  # key -> [[step, value], ...] while all the same
+        self.state.setdefault("held", {})  # key -> [[step, value], ...] while all the same; the first is logged
         self.state.setdefault("varying", [])
 
     def log(self, tracker, key: str, value: float, step: int) -> None:
@@ -33,26 +33,15 @@ class EpochSeries:
         if key in varying:
             tracker.log_metric(key, value, step)
             return
-        held = held_all.setdefault(key, [])
-        if held and not same(held[0][1], value):
-            logged = key in self.state.get("logged", ())  # its last held value is in MLflow already
-            for s, v in held[:-1] if logged else held:
+        held = held_all.get(key)
+        if held is None:
+            tracker.log_metric(key, value, step)
+            held_all[key] = [[int(step), float(value)]]
+        elif same(held[0][1], value):
+            held.append([int(step), float(value)])
+        else:
+            for s, v in held[1:]:
                 tracker.log_metric(key, v, s)
             tracker.log_metric(key, value, step)
             varying.append(key)
             del held_all[key]
-        else:
-            held.append([int(step), float(value)])
-
-    def resumed(self) -> None:
-        """A run resumed from a checkpoint: the stopped run logged the last value of each metric
-        it held when it ended (`finish`), so that value is not logged again should it vary now.
-        (One that stays constant across the resume gets a second point: MLflow deletes none.)"""
-        self.state["logged"] = sorted(self.state["held"])
-
-    def finish(self, tracker) -> None:
-        """Log each metric that never varied once, at its last step."""
-        for key, held in self.state["held"].items():
-            step, value = held[-1]
-            tracker.log_metric(key, value, step)
-        self.state["held"] = {}
