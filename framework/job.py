@@ -448,6 +448,9 @@ class Job(RuntimeHooks):
             summary["nonfinite"] = self.runtime.guard.summary()
         metrics.update(extra.get("metrics", {}))
         summary.update(extra.get("summary", {}))
+        # the per-epoch metrics MLflow holds as one point, their first epoch's (framework.tracking.series):
+        # what a sweep's objective reads, so Optuna and the parent run see the same number
+        summary["constant_per_epoch"] = {k: held[0][1] for k, held in self._series.get("held", {}).items() if len(held) > 1}
         summary["prediction"] = prediction = self._prediction()
         if prediction:
             metrics["plan/predicted_epoch_s"] = prediction["predicted_epoch_s"]
