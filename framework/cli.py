@@ -27,6 +27,8 @@ from framework.config import input_errors
 
 from framework.config import knob_help
 
+from framework.config import preflight
+
 from framework.tracking import objective, ui_links
 
 from framework.tracking import recorder as tracking_process
@@ -35,7 +37,6 @@ from framework.config.dirs import CONF_DIR
 from framework.errors import PipelabError, one_line
 from framework.config.group_options import check_group_overrides, group_choices
 from framework.tracking.multirun import parent_run_id, sweep_keys
-from framework.config.validate import validate
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -43,13 +44,11 @@ def app(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     out_dir = hc.runtime.output_dir
     try:
-        if cfg.train.resume:  # the stopped run's own config and folder
-            from framework.checkpoints.state import resumed_config  # torch: start-up
-
-            cfg = resumed_config(cfg, task_overrides())
+        # a resumed run's own config, else this one validated: config errors before torch is
+        # imported (the Job validates again: the API's way in); `--cfg` checks the same (preflight)
+        cfg = preflight.run_config(cfg, task_overrides())
+        if cfg.train.resume:  # the stopped run's own folder
             out_dir = cfg.train.resume
-        else:
-            validate(cfg)  # config errors before torch is imported (the Job validates again: the API's way in)
         from framework.job import Job  # torch: start-up (config errors come before torch)
 
         job = Job(cfg, out_dir, overrides=task_overrides(), parent_run_id=parent_run_id(), sweep_keys=sweep_keys())
@@ -174,6 +173,7 @@ def _main() -> None:
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
         _skip_hydra_group_listing()
     _skip_hydra_mode_compose(sys.argv[1:])
+    preflight.check_shown_configs()  # `--cfg` prints only a config a run would start with
     faults.handle_sigterm()
     try:
         input_errors.run_app(app, sys.argv[1:])  # Hydra's errors composing the config: one line

@@ -20,21 +20,30 @@ The code behind `module:attr` (torch, models, runtimes) is imported the first ti
 is built, so `--help`, `--plugins`, composing a config and rejecting a bad override import no
 torch (start-up in well under 2 s instead of 10 or more). `@register` on the factory itself
 still works, for plugins that do not mind being imported eagerly.
+
+Declared from metadata: an entry point named `<group>.<name>` (`scheduler.my_sched =
+"my_pkg.sched:MySched"`) declares that one plugin from the installed package's metadata, without
+importing anything of the package: its module, which may import torch at its top, is imported
+(and registers the plugin's schema and doc with `@register` or `declare`) only when a config
+selects the plugin, a run builds it, a check needs its schema or `--plugins` lists it. Until
+then its option `<group>=<name>` exists (a placeholder in Hydra's ConfigStore that Hydra's
+loading of it fills in), so `--help` lists it and stays free of the package's imports.
+
+Which packages' entry points load: framework.plugin_discovery (`PIPELAB_PLUGINS` limits them).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-import sys
 from dataclasses import dataclass, is_dataclass
-from importlib.metadata import EntryPoint, entry_points
-from pathlib import Path
+from importlib.metadata import EntryPoint
 from typing import Any, Callable
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from framework import plugin_discovery
 from framework.config import knobs
 from framework.config.dirs import yaml_presets
 from framework.core_plugins import CORE_PLUGINS
@@ -51,9 +60,6 @@ GROUPS = (
     "runtime",
     "tracking",
 )
-
-ENTRY_POINT_GROUP = "pipelab.plugins"
-DISTRIBUTION = "pipelab"  # the package whose installed entry points name the built-in plugins
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,9 @@ _SCHEMA_OPTIONS: dict[str, set[str]] = {g: set() for g in GROUPS}  # stored as g
 _loaded = False
 _DEFERRED: list[str] = []  # modules imported when first needed (defer_import)
 _deferred_done = 0
+# plugins declared from an entry point's name and value alone, their module not imported yet
+_FROM_METADATA: dict[tuple[str, str], EntryPoint] = {}
+_PLACEHOLDERS: dict[str, tuple[str, str]] = {}  # their ConfigStore path ("scheduler/x.yaml") -> (group, name)
 
 
 def register(group: str, name: str, *, schema: type | None = None, doc: str | None = None, keywords: tuple[str, ...] = ()):
@@ -118,7 +127,7 @@ def declare(group: str, name: str, target: str, *, schema: type | None = None, d
     previous = _REGISTRY[group].get(name)
     if previous is not None and previous.target != target:
         raise ValueError(f"{group} {name!r} is registered twice ({previous.target or previous.factory} and {target})")
-    if previous is None:
+    if previous is None or (group, name) in _FROM_METADATA:  # new, or its module describing it now
         _REGISTRY[group][name] = Entry(group, name, None, schema, doc.strip().splitlines()[0] if doc.strip() else "", target, frozenset(keywords))
         if schema is not None:
             _store_schema(group, name, schema)
@@ -184,28 +193,65 @@ def load_plugins() -> None:
     _loaded = True
     for group, name, target, schema, doc in CORE_PLUGINS:
         declare(group, name, target, schema=schema, doc=doc)
-    installed = list(entry_points(group=ENTRY_POINT_GROUP))
-    if not any(ep.dist is not None and ep.dist.name == DISTRIBUTION for ep in installed):  # a source tree not pip-installed
-        installed += _source_tree_entry_points()
-    for ep in installed:
+    for ep in plugin_discovery.entry_points_to_load():
+        group, _, name = ep.name.partition(".")
         try:
-            ep.load()
+            if name and group in GROUPS:
+                _declare_from_metadata(group, name, ep)  # `<group>.<name> = module:attr`: imported when used
+            else:
+                ep.load()  # a module whose import registers its plugins
         except Exception as e:
-            raise PipelabError(f"plugin {ep.name} = {ep.value} ('{ENTRY_POINT_GROUP}' entry point) failed to load: {type(e).__name__}: {e}") from e
+            raise PipelabError(f"plugin {ep.name} = {ep.value} ('{plugin_discovery.ENTRY_POINT_GROUP}' entry point) failed to load: {type(e).__name__}: {e}") from e
 
 
-def _source_tree_entry_points() -> list[EntryPoint]:
-    """The `pipelab.plugins` entry points that this source tree's pyproject.toml declares (the
-    built-in `plugins`): what an install would have made, for a tree that was not pip-installed."""
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-    if not pyproject.is_file():
-        return []
+def _declare_from_metadata(group: str, name: str, ep: EntryPoint) -> None:
+    """Declare `name` in `group` from its entry point alone: the target `module:attr` is its value,
+    its schema and doc come when its module is imported (`_describe`). Its option `group=name` is
+    a placeholder in Hydra's ConfigStore until then (unless a YAML preset of conf/ is the option)."""
+    where = f"from {ep.dist.name}" if ep.dist is not None else "an outside plugin"
+    declare(group, name, ep.value, doc=f"({where}: described when first used)")
+    _FROM_METADATA[(group, name)] = ep
+    if name not in yaml_presets(group):
+        ConfigStore.instance().store(group=group, name=name, node={"name": name})
+        _SCHEMA_OPTIONS[group].add(name)
+        _PLACEHOLDERS[f"{group}/{name}.yaml"] = (group, name)
+        _load_placeholders_described()
+
+
+def _describe(group: str, name: str) -> None:
+    """Import the module of a plugin declared from metadata (once): it registers the plugin's
+    schema and doc (`@register` or `declare` under the same target), which replace the
+    placeholders; a module that registers nothing leaves its target as the factory, with no schema."""
+    ep = _FROM_METADATA.get((group, name))
+    if ep is None:
+        return
     try:
-        import tomllib  # optional: Python 3.11+ (and only a tree that was not installed reads it)
-    except ModuleNotFoundError:
-        raise PipelabError(f"this pipelab was not pip-installed, and Python {sys.version_info.major}.{sys.version_info.minor} cannot read its plugins from {pyproject}: run `pip install -e .` in it") from None
-    declared = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
-    return [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in declared.items()]
+        importlib.import_module(ep.value.partition(":")[0])
+    except Exception as e:
+        raise PipelabError(f"plugin {ep.name} = {ep.value} ('{plugin_discovery.ENTRY_POINT_GROUP}' entry point) failed to load: {type(e).__name__}: {e}") from e
+    finally:
+        del _FROM_METADATA[(group, name)]
+    if _REGISTRY[group][name].schema is None:
+        e = _resolve(_REGISTRY[group][name])
+        text = (e.factory.__doc__ or "").strip()
+        _REGISTRY[group][name] = Entry(group, name, e.factory, None, text.splitlines()[0] if text else "", e.target, e.keywords)
+
+
+def _load_placeholders_described() -> None:
+    """Hydra loads a config option through `ConfigStore.load`; a placeholder's plugin is described
+    first, so what Hydra composes is its schema (typed, closed, with its defaults). Installed once."""
+    load = ConfigStore.load
+    if getattr(load, "describes_placeholders", False):
+        return
+
+    def load_described(self, config_path: str):
+        if config_path in _PLACEHOLDERS:
+            _describe(*_PLACEHOLDERS[config_path])  # once
+            self = ConfigStore.instance()  # Hydra composes from a deep copy of it, taken before the plugin was described
+        return load(self, config_path)
+
+    load_described.describes_placeholders = True
+    ConfigStore.load = load_described
 
 
 def names(group: str) -> list[str]:
@@ -222,6 +268,8 @@ def declared(group: str, name: str) -> Entry:
     """`name`'s entry in `group` as registered: its schema, doc and keywords, without importing
     a declared plugin's code (what error messages and key checks need: no torch)."""
     load_plugins()
+    if (group, name) in _FROM_METADATA:
+        _describe(group, name)
     try:
         return _REGISTRY[group][name]
     except KeyError:
@@ -271,6 +319,8 @@ def typed_config(found: Entry, cfg: DictConfig) -> DictConfig:
 def describe() -> str:
     """Human-readable listing of every registered name per group (for `--plugins`)."""
     load_plugins()
+    for group, name in list(_FROM_METADATA):  # the listing shows every plugin's doc: import them
+        _describe(group, name)
     lines = []
     for g in GROUPS:
         lines.append(f"{g}:")

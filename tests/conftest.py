@@ -14,10 +14,15 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from framework import registry
+from framework import plugin_discovery, registry
 from framework.cli import CONF_DIR
 from tests import emulated_gpu
 
+# the suite sees this repo's plugins alone, whatever else the machine has installed (a plugin
+# that imports torch at its top would make `--help` import torch, a plugin of a taken name fail
+# start-up, listings differ), in this process and in every subprocess a test starts; a test that
+# installs a plugin of its own names its distribution (tests/test_external_plugin.py)
+os.environ[plugin_discovery.ONLY_PLUGINS_ENV] = ""
 registry.load_plugins()
 # without CUDA, a GPU emulated on the CPU (tests/emulated_gpu.py), set up before any backward runs:
 # autograd's engine counts each backend's devices once, at its first backward. Not beside CUDA:

@@ -60,6 +60,7 @@ BAD_INPUTS = [
     (["train.lr=${oops}"], ["train.lr", "cannot resolve", "oops"]),
     (["train.lrr=0.1"], ["train.lrr: no such key", "did you mean train.lr?"]),
     (["+train.epoch=3"], ["train.epoch: no such key", "did you mean train.epochs"]),
+    (["+train.epoch=3", "--cfg", "job"], ["train.epoch: no such key", "did you mean train.epochs"]),  # --cfg checks what a run checks
     (["train.momentum=-1"], ["train.momentum", "[0, 1)", "-1"]),
     (["train.on_nonfinite=sometimes"], ["train.on_nonfinite", "'sometimes' is not a choice", "fail, warn, ignore"]),
     (["train.momentum=1"], ["train.momentum", "[0, 1)", "got 1"]),
@@ -214,7 +215,7 @@ BAD_INPUTS = [
 # rows also run through the real CLI in the default suite, side by side: one per place a line
 # comes from (the override check before Hydra, Hydra's composition, the job's build: validate and
 # the plugins' own checks)
-CLI_ROWS = [["=3"], ["train.epochs=two"], [*PIPAR, "scheduler.shard=dirichlet", "scheduler.dirichlet_alpha=-1"]]
+CLI_ROWS = [["=3"], ["train.epochs=two"], [*PIPAR, "scheduler.shard=dirichlet", "scheduler.dirichlet_alpha=-1"], ["+train.epoch=3", "--cfg", "job"]]
 
 
 def row_id(args) -> str:
@@ -374,6 +375,29 @@ def test_cli_prints_the_same_one_line(tmp_path):
         out, err = proc.communicate(timeout=300)
         _assert_cli_line(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), args)
     assert not any(tmp_path.rglob("summary.json")), "a bad input started a run"
+
+
+def test_cfg_checks_what_a_run_checks(tmp_path):
+    """`--cfg job|hydra|all` prints only a config a run would start with: bad input is the run's
+    one line and exit 2, whether validate refuses it (a bad value) or a plugin's build does
+    (`model.hidden=-5`: framework.config.preflight), with nothing on stdout. A good config is
+    printed, exit 0. `--info` stays Hydra's view of how a config came to be, even a refused one."""
+    refused = [(["train.lr=0"], ["--cfg", "hydra"]), (["model=mlp", "model.hidden=-5"], ["--cfg=all"]), (["model=mlp", "model.hidden=-5"], ["-c", "job"])]
+    good, info = ["scheduler=1f1b"], ["model=mlp", "model.hidden=-5"]
+    procs = [start_cli(args, tmp_path, flags=flags) for args, flags in refused]  # side by side: each is mostly start-up
+    procs += [start_cli(good, tmp_path, flags=["--cfg", "job"]), start_cli(info, tmp_path, flags=["--info", "config"])]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    for (args, _), res in zip(refused, done):
+        _assert_cli_line(res, args)
+    shown, inspected = done[len(refused):]
+    assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+    printed = yaml.safe_load(shown.stdout)
+    assert printed["scheduler"]["name"] == "1f1b" and printed["train"]["epochs"] == 1 and "hydra" not in printed
+    assert inspected.returncode == 0 and "hidden: -5" in inspected.stdout, inspected.stderr[-2000:]
+    assert not any(tmp_path.rglob("summary.json")), "--cfg started a run"
 
 
 @pytest.mark.parametrize("args,needles", [(["=3"], ["=3: an override needs a key"]), (["transport.brokr.port=1"], ["transport.brokr", "did you mean transport.broker?"])])

@@ -1,4 +1,5 @@
-"""docs/calibration.md lists every number of every cluster and experiment preset, with its source.
+"""docs/calibration.md lists every number of every cluster and experiment preset (and of the
+Optuna sampler options an experiment picks), with its source.
 
 A preset that gains a number the table does not list, a number whose value differs from the
 table's, a row the preset no longer has, or a row without a source fails here: a constant has a
@@ -19,7 +20,7 @@ from omegaconf._utils import get_yaml_loader
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "calibration.md"
-PRESETS = sorted(p.relative_to(ROOT).as_posix() for d in ("conf/cluster", "conf/experiment") for p in (ROOT / d).glob("*.yaml"))
+PRESETS = sorted(p.relative_to(ROOT).as_posix() for d in ("conf/cluster", "conf/experiment", "conf/hydra/sweeper/sampler") for p in (ROOT / d).glob("*.yaml"))
 HEADING = re.compile(r"^#{2,4}\s+`?(conf/[\w/]+\.yaml)`?\s*$")
 ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|(.*)\|(.*)\|\s*$")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from framework import registry
+from framework import plugin_discovery, registry
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,16 +55,16 @@ register("scheduler", "demo_plain", schema=SchedulerConfig)(DemoGPipe)
 RUN = ["cluster=uniform", "model=mlp", "train.epochs=1", "train.iterations_per_epoch=2", "tracking=none", "runtime.progress=false"]
 
 
-def install_plugin(root: Path, package: str, source: str, entry: str) -> Path:
+def install_plugin(root: Path, package: str, source: str, entry: str, value: str | None = None) -> Path:
     """`root`, which put on PYTHONPATH has `package` (one module, `source`) installed with the
-    `pipelab.plugins` entry point `entry`: a package directory and its `.dist-info`, all that
-    `importlib.metadata` looks for."""
-    (root / package).mkdir()
+    `pipelab.plugins` entry point `entry = value` (by default the package: a module to import):
+    a package directory and its `.dist-info`, all that `importlib.metadata` looks for."""
+    (root / package).mkdir(parents=True)
     (root / package / "__init__.py").write_text(source)
     info = root / f"{package}-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[pipelab.plugins]\n{entry} = {package}\n")
+    (info / "entry_points.txt").write_text(f"[pipelab.plugins]\n{entry} = {value or package}\n")
     return root
 
 
@@ -83,6 +83,7 @@ def clis(commands: list[list[str]], site: Path | None) -> list[subprocess.Comple
     """Several `cli` commands at once (each one's start-up is most of its time)."""
     path = [str(site)] if site else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path + [str(REPO)]), OMP_NUM_THREADS="1")
+    env[plugin_discovery.ONLY_PLUGINS_ENV] = ",".join(installed(site))  # the suite loads no other outside plugin (tests/conftest.py)
     env.pop("HYDRA_FULL_ERROR", None)
     procs = [subprocess.Popen([sys.executable, "-m", "framework", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for args in commands]
@@ -91,6 +92,11 @@ def clis(commands: list[list[str]], site: Path | None) -> list[subprocess.Comple
         stdout, stderr = proc.communicate(timeout=300)
         out.append(subprocess.CompletedProcess([sys.executable, "-m", "framework", *args], proc.returncode, stdout, stderr))
     return out
+
+
+def installed(site: Path | None) -> list[str]:
+    """The distributions `install_plugin` put in `site`."""
+    return sorted(p.name.split("-")[0] for p in site.glob("*.dist-info")) if site else []
 
 
 def builtin_schedulers() -> list[str]:
@@ -202,3 +208,85 @@ def test_a_plugin_that_fails_to_load_is_one_line(tmp_path):
     err = res.stderr.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert "pipelab_ext_bad" in err and "gpipe" in err and "registered twice" in err, err
+
+
+# ---- a plugin that imports torch at its top (issue 46): declared from metadata, imported when used
+
+HEAVY = '''
+"""pipelab_ext_heavy: a scheduler whose module imports torch at its top, as model code does."""
+
+from dataclasses import dataclass
+
+import torch  # noqa: F401  (what --help must not pay for)
+
+from framework.config.schemas import SchedulerConfig
+from framework.pipeline.scheduler import STEP, B, F, PipelineScheduler
+from framework.registry import register
+
+
+@dataclass
+class HeavyGPipeConfig(SchedulerConfig):
+    """GPipe from a package that imports torch on import."""
+
+    name: str = "heavy_gpipe"
+    microbatches: int = 2
+    rounds: int = 1
+
+
+@register("scheduler", "heavy_gpipe", schema=HeavyGPipeConfig)
+class HeavyGPipe(PipelineScheduler):
+    def actions(self, stage, num_stages, num_mb):
+        return [F(m) for m in range(num_mb)] + [B(m) for m in range(num_mb)] + [STEP]
+'''
+
+
+def probe(args: list[str], site: Path, only: str | None) -> subprocess.Popen:
+    """tests.test_startup.PROBE (the command, then which heavy modules it imported) with `site`
+    installed and `PIPELAB_PLUGINS=only` (None: unset, as on a user's machine)."""
+    from tests.test_startup import PROBE
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), OMP_NUM_THREADS="1")
+    env.pop(plugin_discovery.ONLY_PLUGINS_ENV)
+    if only is not None:
+        env[plugin_discovery.ONLY_PLUGINS_ENV] = only
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.Popen([sys.executable, "-c", PROBE, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def heavy_of(proc: subprocess.Popen) -> tuple[str, str, list[str]]:
+    out, err = proc.communicate(timeout=300)
+    return out, err, [line for line in err.splitlines() if line.startswith("HEAVY:")]
+
+
+def test_a_plugin_that_imports_torch_is_declared_without_importing_it(tmp_path):
+    """An entry point named `scheduler.heavy_gpipe` declares that plugin from the package's
+    metadata: `--help` and a bad override list it and import no torch (nor the package); selecting
+    it imports it, and its schema types its options as a built-in's; a run builds and runs it."""
+    site = install_plugin(tmp_path / "site", "pipelab_ext_heavy", HEAVY, "scheduler.heavy_gpipe", "pipelab_ext_heavy:HeavyGPipe")
+    install_plugin(site, "pipelab_ext_broken", "import pipelab_no_such_module\n", "scheduler.broken", "pipelab_ext_broken:Broken")
+    out = tmp_path / "run"
+    procs = [probe(["--help"], site, None), probe(["scheduler=heavy_gpip"], site, None), probe(["--cfg", "job", "scheduler=heavy_gpipe", "scheduler.rounds=3"], site, None),
+             probe(["scheduler=heavy_gpipe", "scheduler.rounds=many"], site, None), probe(["scheduler=heavy_gpipe", *RUN, f"hydra.run.dir={out}"], site, None),
+             probe(["scheduler=broken", *RUN], site, None)]
+    (helped, help_err, help_heavy), (_, wrong, wrong_heavy), (shown, shown_err, _), (_, typed, _), (ran, ran_err, _), (_, broken, _) = map(heavy_of, procs)
+    with_heavy = ", ".join(sorted(builtin_schedulers() + ["broken", "heavy_gpipe"]))
+    assert help_heavy == ["HEAVY:"] and f"scheduler: {with_heavy}" in helped, help_err[-2000:]
+    assert wrong_heavy == ["HEAVY:"] and wrong.splitlines()[0] == f"error: scheduler=heavy_gpip: no such scheduler (did you mean scheduler=heavy_gpipe?); choices: {with_heavy}", wrong
+    assert "scheduler:\n  name: heavy_gpipe\n  microbatches: 2\n" in shown and "rounds: 3" in shown, shown_err[-2000:]  # the schema, not the placeholder
+    assert typed.splitlines()[0].startswith("error: scheduler.rounds: 'many' is not an integer"), typed
+    assert "heavy_gpipe:" in ran and json.loads((out / "summary.json").read_text())["scheduler"] == "heavy_gpipe", ran_err[-3000:]
+    # a declared plugin whose module fails to import when Hydra loads its option: one line, exit 2 (PROBE prints its HEAVY line after)
+    assert broken.splitlines()[0] == "error: plugin scheduler.broken = pipelab_ext_broken:Broken ('pipelab.plugins' entry point) failed to load: ModuleNotFoundError: No module named 'pipelab_no_such_module'", broken
+
+
+def test_the_suite_sees_only_this_repos_plugins_and_its_own(tmp_path):
+    """`PIPELAB_PLUGINS` (set empty for the whole suite by tests/conftest.py) keeps an installed
+    plugin that imports torch on import (an entry point naming its module, imported at start-up)
+    out: `--help` imports no torch and lists the built-ins alone. Named there, the plugin loads."""
+    site = install_plugin(tmp_path / "site", "pipelab_ext_eager", HEAVY.replace("heavy_gpipe", "eager_gpipe"), "eager")
+    assert os.environ[plugin_discovery.ONLY_PLUGINS_ENV] == ""
+    procs = [probe(["--help"], site, ""), probe(["--help"], site, "pipelab-ext-eager"), probe(["--help"], site, None)]
+    (isolated, err, heavy), (named, named_err, named_heavy), (unset, _, unset_heavy) = map(heavy_of, procs)
+    assert heavy == ["HEAVY:"] and f"scheduler: {', '.join(builtin_schedulers())}\n" in isolated, err[-2000:]
+    imported_torch = ["torch" in line.removeprefix("HEAVY:").split(",") for line in named_heavy + unset_heavy]
+    assert "eager_gpipe" in named and "eager_gpipe" in unset and imported_torch == [True, True], named_err[-2000:]  # its own choice: a module imported at start-up

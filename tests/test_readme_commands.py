@@ -297,6 +297,7 @@ def test_each_readme_command_runs(cmd, reader_folder):
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
         return
+    started = time.time()
     proc = cli(shortened(cmd, reader_folder), reader_folder)
     try:
         out, err = interrupt_after_first_checkpoint(proc, reader_folder) if cmd.interrupted else proc.communicate(timeout=900)
@@ -311,5 +312,7 @@ def test_each_readme_command_runs(cmd, reader_folder):
         assert proc.returncode == 130 and "interrupted" in err and "train.resume=" in err, (proc.returncode, (out + err)[-3000:])
         return
     assert proc.returncode == 0, (out + err)[-4000:]
+    if any(a.startswith("hydra/launcher=submitit") for a in cmd.args):  # its jobs print into their own logs, in submitit's folder
+        out += "".join(p.read_text() for p in reader_folder.glob("outputs/multirun/**/.submitit/*/*_log.out") if p.stat().st_mtime >= started)
     # a run happened and said where its outputs are
     assert re.search(r"^\S+: (virtual|wall) time .*->", out, flags=re.M), out[-3000:]

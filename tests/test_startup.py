@@ -23,10 +23,10 @@ print("HEAVY:" + ",".join(heavy), file=sys.stderr)
 """
 
 
-BAD = [["scheduler=nope"], ["train.epochs=two"], ["scheduler.microbatchs=4"], ["+train.epoch=3"], ["scheduler.microbatches=128", "train.batch_size=64"]]
+BAD = [["scheduler=nope"], ["train.epochs=two"], ["scheduler.microbatchs=4"], ["+train.epoch=3"], ["scheduler.microbatches=128", "train.batch_size=64"], ["+train.epoch=3", "--cfg", "job"]]
 
 
-@pytest.mark.parametrize("args", [["--plugins"], ["--help"], *BAD], ids=["plugins", "help", "bad-option", "bad-value", "unknown-key", "added-key", "cross-field"])
+@pytest.mark.parametrize("args", [["--plugins"], ["--help"], *BAD], ids=["plugins", "help", "bad-option", "bad-value", "unknown-key", "added-key", "cross-field", "cfg-added-key"])
 def test_listing_help_and_bad_input_import_no_torch(args):
     res = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
     heavy = [line for line in res.stderr.splitlines() if line.startswith("HEAVY:")]

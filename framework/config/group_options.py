@@ -34,7 +34,9 @@ def check_group_overrides(args: list[str]) -> str | None:
             continue
         key, value = arg.split("=", 1)
         group = key.lstrip("+~")
-        if not group or "." in group or group == "hydra" or not ((Path(CONF_DIR) / group).is_dir() or group in registry.GROUPS):
+        if not group or "." in group or group.split("/")[0] == "hydra" or not ((Path(CONF_DIR) / group).is_dir() or group in registry.GROUPS):
+            # hydra/...: Hydra's own groups and its plugins' (hydra/sweeper/sampler=grid) live in its
+            # ConfigStore too, which this listing does not see; Hydra checks them
             continue
         choices = group_choices(group, args)
         for option in value.split(","):  # multirun sweeps: a,b,c

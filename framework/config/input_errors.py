@@ -24,7 +24,6 @@ import difflib
 import os
 import re
 import sys
-import tempfile
 import traceback
 import typing
 from collections.abc import Mapping
@@ -40,7 +39,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeErr
 
 from framework import registry
 
-from framework.config import knobs
+from framework.config import knobs, preflight
 from framework.config.dirs import CONF_DIR, extra_config_dirs
 from framework.errors import CHOICES_MOST, LINE_MAX, PipelabError, listing, one_line
 from framework.config.group_options import check_group_overrides, group_choices
@@ -113,6 +112,9 @@ def _parse_problem(arg: str, key: str, message: str, argv=()) -> str:
 
 def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     """One line for an exception Hydra or OmegaConf raised composing the config; None for any other."""
+    ours = _pipelab_problem(exc)
+    if ours:
+        return ours
     bad_yaml = _yaml_problem(exc, argv)
     if bad_yaml:
         return bad_yaml
@@ -143,6 +145,18 @@ def hydra_problem(exc: BaseException, argv: list[str]) -> str | None:
     if m:
         return f"{m.group(1)}: no such key to delete (~{m.group(1)})"
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def _pipelab_problem(exc: BaseException) -> str | None:
+    """The line of our own error raised while Hydra composed (a plugin declared from metadata whose
+    module fails to import when Hydra loads its option: framework.registry), however Hydra wrapped it."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PipelabError):
+            return str(exc)
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _yaml_problem(exc: BaseException, argv: list[str]) -> str | None:
@@ -360,16 +374,8 @@ def _check_args(argv: list[str], compose_fn=None) -> str | None:
         if line is None:
             raise
         return line
-    from framework.job import Job  # torch: start-up (bad input is reported before torch is imported)
-
-    with tempfile.TemporaryDirectory(prefix="pipelab-check-") as out_dir:
-        try:
-            if cfg.train.resume:
-                from framework.checkpoints.state import resumed_config  # torch: start-up
-
-                cfg = resumed_config(cfg, overrides)
-                out_dir = cfg.train.resume
-            Job(cfg, out_dir, overrides=overrides)
-        except PipelabError as e:
-            return str(e)
+    try:
+        preflight.check(cfg, overrides)  # what a run checks before it starts (bad input before torch, where it can)
+    except PipelabError as e:
+        return str(e)
     return None
