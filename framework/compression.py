@@ -322,10 +322,20 @@ class Compressor:
 
     # ---- what a run reports -----------------------------------------------------------------
 
+    def coded_directions(self) -> set[str]:
+        """The directions (`fwd`, `bwd`) a codec codes; the others travel raw."""
+        return {d.name for d in self.directions.values() if d.codec is not None}
+
     def epoch_metrics(self) -> dict[str, float]:
+        """Bit widths (where a schedule changes them: a fixed width is the run's param) and
+        quantization error of the directions a codec codes (a raw direction's 32 bits and no
+        error say nothing; `summary` keeps them all)."""
         out = {}
         for d in self.directions.values():
-            out[f"compression/bits_{d.name}"] = d.bits
+            if d.codec is None:
+                continue
+            if d.schedule:
+                out[f"compression/bits_{d.name}"] = d.bits
             err = d.take_error()
             if err is not None:
                 out[f"compression/rel_err_{d.name}"] = err

@@ -182,6 +182,7 @@ class NullTracker:
 
     run_id = None
     known_run_id = None
+    experiment_id = None
 
     def __init__(self, cfg, parent_run_id=None, run_name=None, tags=None, resume_run_id=None):
         self.cfg = cfg
