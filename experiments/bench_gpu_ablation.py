@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 import experiments.bench_replicas as bench  # noqa: E402
 import framework.job as job_module  # noqa: E402
 from framework import models, registry  # noqa: E402
+from framework.checkpoints.writer import CheckpointWriter  # noqa: E402
 from framework.replicas import bank as replica_bank
 from framework.replicas import batched as replicas
-from framework.checkpoints.writer import CheckpointWriter  # noqa: E402
 
 _ORIGINAL = {"bank": replica_bank.step, "held": replicas._holding_bank, "blocks": models._copy_in_blocks, "writer": job_module.CheckpointWriter}
 _OFF = {

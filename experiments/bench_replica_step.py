@@ -41,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from framework import registry  # noqa: E402
-from framework.replicas.conv import ConvAsMatmul  # noqa: E402
 from framework.cli import CONF_DIR  # noqa: E402
 from framework.models import build_model  # noqa: E402
+from framework.replicas.conv import ConvAsMatmul  # noqa: E402
 
 SHAPES = {"vgg5": (3, 32, 32), "lenet": (1, 28, 28)}
 

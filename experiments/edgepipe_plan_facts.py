@@ -54,8 +54,7 @@ def component_facts(out: Path) -> dict:
 def mapping_facts(placements: list[int], generations: int | None = None) -> dict:
     """Fig. 8 on each placement's measured PRR (what the coordinator sees): the GA's score, the
     brute-force optimum (Upper) and Random's mean over 5 trials, per class."""
-    from plugins.schedulers.edgepipe import channel
-    from plugins.schedulers.edgepipe import mapping
+    from plugins.schedulers.edgepipe import channel, mapping
     from plugins.schedulers.edgepipe import partition as part
 
     out = {}

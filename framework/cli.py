@@ -20,22 +20,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from framework import registry
-
-from framework.tracking import faults
-
-from framework.config import input_errors
-
-from framework.config import knob_help
-
-from framework.config import preflight
-
-from framework.tracking import objective
-
-from framework.tracking import recorder as tracking_process
-from framework.config.schemas import task_overrides
+from framework.config import input_errors, knob_help, preflight
 from framework.config.dirs import CONF_DIR
-from framework.errors import PipelabError, one_line
 from framework.config.group_options import check_group_overrides, group_choices
+from framework.config.schemas import task_overrides
+from framework.errors import PipelabError, one_line
+from framework.tracking import faults, objective, ui_links
+from framework.tracking import recorder as tracking_process
 from framework.tracking.multirun import parent_run_id, sweep_keys
 
 
@@ -86,6 +77,8 @@ def app(cfg: DictConfig) -> float | None:
     if not objective.feasible(metrics, cfg.tracking):
         parts.append(f"below the floor {objective.describe_floor(cfg.tracking)}")
     print(f"{cfg.scheduler.name}: " + ", ".join(parts) + f"  ->  {out_dir}")
+    if summary.get("mlflow_run_id") and summary.get("mlflow_experiment_id"):
+        print("MLflow: " + ui_links.describe(cfg.tracking.uri, ui_links.run_url(ui_links.ui_base(cfg.tracking.uri)[0], summary["mlflow_experiment_id"], summary["mlflow_run_id"])))
     # the value a Hydra sweeper (Optuna) optimises: tracking.optimized_metric, the worst value
     # for a run below tracking.metric_floor (the same rule picks the parent run's best child)
     return objective.score(metrics, cfg.tracking)

@@ -58,7 +58,6 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from framework import profile_tables
-
 from framework.config import knobs
 from framework.config.schemas import DeviceConfig, LinkConfig
 from framework.errors import ConfigError, listing

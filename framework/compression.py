@@ -27,13 +27,12 @@ from typing import Any
 
 import torch
 
-from framework.config import knobs
-
-from framework.runtime import wire
 from framework.checkpoints.state import CheckpointError
 from framework.codec import Encoded, codec_class
+from framework.config import knobs
 from framework.config.schemas import CodecTimeConfig, CompressionConfig, CompressorConfig, DirectionConfig  # noqa: F401  (re-exported)
 from framework.errors import ConfigError
+from framework.runtime import wire
 
 
 class _Direction:
@@ -323,10 +322,20 @@ class Compressor:
 
     # ---- what a run reports -----------------------------------------------------------------
 
+    def coded_directions(self) -> set[str]:
+        """The directions (`fwd`, `bwd`) a codec codes; the others travel raw."""
+        return {d.name for d in self.directions.values() if d.codec is not None}
+
     def epoch_metrics(self) -> dict[str, float]:
+        """Bit widths (where a schedule changes them: a fixed width is the run's param) and
+        quantization error of the directions a codec codes (a raw direction's 32 bits and no
+        error say nothing; `summary` keeps them all)."""
         out = {}
         for d in self.directions.values():
-            out[f"compression/bits_{d.name}"] = d.bits
+            if d.codec is None:
+                continue
+            if d.schedule:
+                out[f"compression/bits_{d.name}"] = d.bits
             err = d.take_error()
             if err is not None:
                 out[f"compression/rel_err_{d.name}"] = err

@@ -22,22 +22,23 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from framework.checkpoints import state as ck
 from framework import registry, torch_device
+from framework.checkpoints import state as ck
 from framework.checkpoints.writer import CheckpointWriter
 from framework.cluster import Cluster
-from framework.config.schemas import swept_overrides
+from framework.config.validate import validate
 from framework.data import build_dataset
 from framework.errors import ConfigError
 from framework.long_lived import long_lived
-from framework.tracking.store import flatten, mlflow_name
 from framework.models import build_model
 from framework.nonfinite import NonFiniteError
 from framework.runtime.base import RuntimeHooks
-from framework.scheduler import SchedulerContext
-from framework.tracking.tracker import NullTracker
 from framework.runtime.transport import FAULTS, Network
-from framework.config.validate import validate
+from framework.scheduler import SchedulerContext
+from framework.tracking import per_device, relevance, run_names
+from framework.tracking.series import EpochSeries
+from framework.tracking.store import flatten, mlflow_name
+from framework.tracking.tracker import NullTracker
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -70,13 +71,14 @@ STEP_AXIS = "training iterations done"  # every metric's step, epoch-end and end
 
 
 class _StepLogger:
-    """Logs at one step (the iterations done at an epoch end) and remembers what it logged."""
+    """Logs at one step (the iterations done at an epoch end) and remembers what it logged; a
+    value the same as every epoch's before it is held back (framework.tracking.series)."""
 
-    def __init__(self, tracker, step: int, last_step: dict):
-        self.tracker, self.step, self.last_step = tracker, step, last_step
+    def __init__(self, tracker, step: int, last_step: dict, series: EpochSeries):
+        self.tracker, self.step, self.last_step, self.series = tracker, step, last_step, series
 
     def log_metric(self, key: str, value: float) -> None:
-        self.tracker.log_metric(key, value, self.step)
+        self.series.log(self.tracker, key, value, self.step)
         self.last_step[key] = self.step
 
 
@@ -133,6 +135,7 @@ class Job(RuntimeHooks):
         self._progress = None
         self._wall0 = time.perf_counter()
         self._last_step: dict[str, int] = {}  # epoch metrics: the step each was last logged at
+        self._series: dict = {}  # per-epoch metrics held while constant (framework.tracking.series)
         self.sweep_keys = sweep_keys or set()
         # checkpoints at epoch ends, where the runtime can take one (framework.checkpoints.state)
         self.checkpointing = bool(cfg.train.checkpoint) and self.runtime.checkpoints
@@ -173,8 +176,7 @@ class Job(RuntimeHooks):
             self._progress.update(1)
 
     def on_epoch_end(self, epoch, now, states):
-        tr = _StepLogger(self.tracker, self.iterations, self._last_step)
-        tr.log_metric("epoch", epoch)
+        tr = _StepLogger(self.tracker, self.iterations, self._last_step, EpochSeries(self._series))
         epoch_time = now - self._epoch_start
         self._epoch_start = now
         tr.log_metric("time/epoch_virtual_s", epoch_time)
@@ -213,7 +215,8 @@ class Job(RuntimeHooks):
 
     # ---- checkpoints ------------------------------------------------------------------------
 
-    RECORDS = ("history", "samples", "iterations", "_epoch_start", "_final", "_last_step", "_train", "_epoch_train")
+    RECORDS = ("history", "samples", "iterations", "_epoch_start", "_final", "_last_step", "_train", "_epoch_train", "_series")
+    OPTIONAL_RECORDS = {"_series": dict}  # not in checkpoints written before it existed
 
     @functools.cached_property
     def _fingerprint(self) -> str:  # the config does not change during a run; digesting it costs 3 ms
@@ -251,7 +254,7 @@ class Job(RuntimeHooks):
         if epoch + 1 >= self.cfg.train.epochs:
             raise ConfigError("train.resume", f"{run_dir} has finished all {epoch + 1} epochs of train.epochs={self.cfg.train.epochs}; raise train.epochs to train on")
         for name in self.RECORDS:
-            setattr(self, name, bag.meta["job"][name])
+            setattr(self, name, bag.meta["job"][name] if name in bag.meta["job"] or name not in self.OPTIONAL_RECORDS else self.OPTIONAL_RECORDS[name]())
         self._last_step = {k: int(v) for k, v in self._last_step.items()}
         self.compressor.restore(bag, bag.meta["compressor"])
         self.runtime.resume(bag, bag.meta["runtime"], epoch)
@@ -281,11 +284,10 @@ class Job(RuntimeHooks):
         return {mlflow_name(k): v for k, v in flatten(OmegaConf.to_container(self.cfg, resolve=True)).items()}
 
     def run_name(self) -> str:
-        """`<scheduler> <model> <cluster>`, plus the overrides a sweep varies (so siblings differ)."""
+        """`<scheduler> <model> <cluster>` and what differs from the defaults: the overrides given,
+        in a sweep the ones it varies (so siblings differ; framework.tracking.run_names)."""
         cfg = self.cfg
-        name = f"{cfg.scheduler.name} {cfg.model.name} {cfg.cluster.name}"
-        swept = swept_overrides(self.overrides, self.sweep_keys)
-        return (name + " " + " ".join(swept)).strip()[:250]
+        return run_names.run_name(cfg.scheduler.name, cfg.model.name, cfg.cluster.name, self.overrides, self.sweep_keys)
 
     def run(self) -> dict:
         """Train, test and write the outputs; returns the summary. What is alive now and what the
@@ -298,7 +300,7 @@ class Job(RuntimeHooks):
         cfg = self.cfg
         self.out_dir.mkdir(parents=True, exist_ok=True)
         run_name = self.run_name()
-        tags = {"pipelab.overrides": " ".join(self.overrides) or "(defaults)", **run_tags()}
+        tags = {"pipelab.overrides": " ".join(self.overrides) or "(defaults)", "pipelab.iterations_per_epoch": str(self.iterations_per_epoch), **run_tags()}
         if self.resumed_epoch is not None:
             tags["pipelab.resumed"] = f"after epoch {self.resumed_epoch} from {self.out_dir}"
         self.tracker = registry.build("tracking", cfg.tracking, self.parent_run_id, run_name, tags, resume_run_id=self._resume_run_id)
@@ -365,6 +367,21 @@ class Job(RuntimeHooks):
         ratio = took / predicted if took is not None and predicted > 0 else None
         return {"predicted_epoch_s": predicted, "epoch_s": took, "epoch_over_predicted": ratio, "clock": self.clock}
 
+    def _log_final_metrics(self, metrics: dict, summary: dict) -> None:
+        """The end-of-run metrics MLflow gets (summary.json has them all): those that matter for
+        this run's scheduler and compressor (framework.tracking.relevance), a family of per-device
+        values over `tracking.per_device_max` as its statistics and `per_device.csv`/`.png`
+        (framework.tracking.per_device)."""
+        stale = bool((summary.get("staleness") or {}).get("max"))
+        shown = relevance.for_mlflow(metrics, coded=self.compressor.coded_directions(), pipeline=bool(summary["pipeline"]), stale=stale)
+        shown, tables = per_device.split(shown, int(self.cfg.tracking.per_device_max))
+        if tables:
+            shown.update(per_device.stats(tables))
+            _per_device_artifacts(tables, self.out_dir)
+        for k, v in shown.items():
+            if isinstance(v, (int, float)) and math.isfinite(v) and self._last_step.get(k) != self.iterations:  # once per step
+                self.tracker.log_metric(k, v, self.iterations)
+
     def final_model(self):
         """The trained model as the coordinator sees it: built from the roles' final states."""
         return self.scheduler.eval_model(self.runtime.final_states)
@@ -422,6 +439,7 @@ class Job(RuntimeHooks):
             "dropouts": rt.dropouts,
             "processes": rt.process_stats,
             "mlflow_run_id": None,  # below, once the tracker has it
+            "mlflow_experiment_id": None,
         }
         if self.failure is not None:
             summary["failure"] = self.failure
@@ -430,6 +448,9 @@ class Job(RuntimeHooks):
             summary["nonfinite"] = self.runtime.guard.summary()
         metrics.update(extra.get("metrics", {}))
         summary.update(extra.get("summary", {}))
+        # the per-epoch metrics MLflow holds as one point, their first epoch's (framework.tracking.series):
+        # what a sweep's objective reads, so Optuna and the parent run see the same number
+        summary["constant_per_epoch"] = {k: held[0][1] for k, held in self._series.get("held", {}).items() if len(held) > 1}
         summary["prediction"] = prediction = self._prediction()
         if prediction:
             metrics["plan/predicted_epoch_s"] = prediction["predicted_epoch_s"]
@@ -448,17 +469,24 @@ class Job(RuntimeHooks):
         except Exception as e:  # a plot must never hide the run's real outcome
             print(f"warning: could not draw timeline.png: {type(e).__name__}: {e}", file=sys.stderr)
         summary["mlflow_run_id"] = run_id = self.tracker.run_id
+        summary["mlflow_experiment_id"] = self.tracker.experiment_id if run_id is not None else None
         if run_id is not None and self.checkpointing and ck.exists(self.out_dir):
             ck.record_run_id(self.out_dir, run_id)  # a checkpoint taken before the id was known
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
-        for k, v in metrics.items():
-            if isinstance(v, (int, float)) and math.isfinite(v) and self._last_step.get(k) != self.iterations:  # once per step
-                self.tracker.log_metric(k, v, self.iterations)
-        for name in ("plan.json", "summary.json", "timeline.json", "timeline.png", "model.safetensors"):
+        self._log_final_metrics(metrics, summary)
+        for name in ("plan.json", "summary.json", "timeline.json", "timeline.png", "model.safetensors", *per_device.ARTIFACTS):
             p = self.out_dir / name
             if p.exists():
                 self.tracker.log_artifact(p)
         return summary
+
+
+def _per_device_artifacts(tables: dict, out_dir: Path) -> None:
+    per_device.write_csv(tables, out_dir / per_device.ARTIFACTS[0])
+    try:
+        per_device.plot(tables, out_dir / per_device.ARTIFACTS[1])
+    except Exception as e:  # a plot must never hide the run's real outcome
+        print(f"warning: could not draw {per_device.ARTIFACTS[1]}: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def failure_record(e: BaseException, iterations: int) -> dict:

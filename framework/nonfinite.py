@@ -38,9 +38,9 @@ from contextlib import contextmanager
 
 import torch
 
+from framework.config.knobs import choices
 from framework.config.schemas import TrainConfig
 from framework.errors import PipelabError
-from framework.config.knobs import choices
 
 POLICIES = choices(TrainConfig, "on_nonfinite")
 

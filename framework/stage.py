@@ -30,11 +30,11 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from framework.checkpoints import state as ck
 from framework import lean_torch, nonfinite
-from framework.replicas import batched as replicas
+from framework.checkpoints import state as ck
 from framework.cluster import Work
 from framework.lean_torch import SGD, optimizers_without_dynamo
+from framework.replicas import batched as replicas
 
 
 @dataclass(frozen=True)

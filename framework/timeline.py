@@ -26,7 +26,6 @@ import torch
 
 from framework.gantt import GANTT_ROWS, gantt_spec, render_gantt
 
-
 _BLOCK = 4096  # intervals per entry of Timeline.first_overlapping's index
 
 

@@ -20,7 +20,6 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from framework import registry
-
 from framework.config import input_errors
 from framework.config.dirs import CONF_DIR
 from framework.errors import PipelabError, one_line

@@ -92,8 +92,9 @@ def compose_cfg(overrides=(), fast=True):
 
 @pytest.fixture(scope="session")
 def mlflow_template(tmp_path_factory) -> Path:
-    from framework.tracking.store import client_and_experiment
     from omegaconf import OmegaConf
+
+    from framework.tracking.store import client_and_experiment
 
     root = tmp_path_factory.mktemp("mlflow_template")
     cfg = OmegaConf.create({"uri": f"sqlite:///{root}/mlflow.db", "artifact_root": str(root / "art"), "experiment": "pipelab"})

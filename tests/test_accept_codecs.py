@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from framework.runtime import wire
 from framework.codec import Encoded, codec_class
 from framework.errors import ConfigError, WireError
+from framework.runtime import wire
 from plugins.compressors.accept_codecs import MBQ, MBQUnpacked, StochasticUniform, pack_codes
 
 ALL = [(MBQ, 1), (MBQ, 2), (MBQ, 3), (MBQ, 4), (MBQUnpacked, 2), (MBQUnpacked, 4), (StochasticUniform, 2), (StochasticUniform, 4), (StochasticUniform, 8)]

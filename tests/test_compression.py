@@ -8,10 +8,10 @@ import statistics
 import pytest
 import torch
 
-from framework.runtime import wire
 from framework.codec import Encoded, codec_class
 from framework.errors import WireError
 from framework.job import Job
+from framework.runtime import wire
 from tests.conftest import compose_cfg
 
 TINY = ["train.epochs=1", "train.iterations_per_epoch=4", "dataset.n_val=64", "dataset.n_test=64"]

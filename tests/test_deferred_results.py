@@ -13,10 +13,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.runtime import wire
 from framework.cluster import Work
 from framework.compression import Compressor
 from framework.models import build_model
+from framework.runtime import wire
 from framework.runtime.base import RuntimeHooks
 from framework.runtime.deferred import DeferredCall, DeferredCompute, Pending
 from framework.runtime.sim import SimRuntime

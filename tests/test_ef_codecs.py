@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from framework.runtime import wire
 from framework.codec import Encoded, codec_class
 from framework.errors import ConfigError, WireError
+from framework.runtime import wire
 from plugins.compressors.ef_codecs import FP16, MinMax, OneBit, minmax_error_feedback
 
 

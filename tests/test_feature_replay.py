@@ -155,6 +155,7 @@ def test_stale_replay_trains_and_the_uplink_is_compressed_with_error_feedback(tm
 
 def _replay_stage(net):
     from omegaconf import OmegaConf
+
     from plugins.schedulers.feature_replay.replay_stage import ReplayStage
 
     class M:  # the slice of a UnitModel that Stage reads

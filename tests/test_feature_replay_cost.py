@@ -10,7 +10,16 @@ import pytest
 
 from framework import profile_tables
 from plugins.schedulers.feature_replay.cost import (
-    MB, CutProfile, Deployment, TauEstimator, decide, full_pipeline_cost, grouped_cost, migration_cost, serial_cost, table_profile,
+    MB,
+    CutProfile,
+    Deployment,
+    TauEstimator,
+    decide,
+    full_pipeline_cost,
+    grouped_cost,
+    migration_cost,
+    serial_cost,
+    table_profile,
 )
 
 RESNET50_BLOCK_MB = [0.007, 0.286, 0.269, 0.269, 1.447, 1.068, 1.068, 1.068, 5.770, 4.262, 4.262, 4.262, 4.262, 4.262, 23.039, 17.023, 17.023, 0.0, 0.078]

@@ -16,13 +16,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.runtime import wire
 from framework.codec import Encoded, codec_class, codec_names
 from framework.compression import Compressor
 from framework.errors import WireError
+from framework.runtime import wire
 from framework.runtime.control import COORDINATOR, CTL, SCHEMA, TO_COORDINATOR, ctl_pack, ctl_unpack
-from framework.timeline import Timeline
 from framework.runtime.transport import Mailboxes, Network, Transport
+from framework.specs import RoleSpec
+from framework.timeline import Timeline
 
 N_INPUTS = int(os.environ.get("PIPELAB_FUZZ_N", 10_000))  # per decoder
 BOUND = 1 << 20  # the fuzzed decoder's decoded-size bound: every valid packet below is smaller
@@ -523,6 +524,7 @@ def test_the_coordinator_counts_malformed_control_messages_and_finishes():
         role_devices = staticmethod(lambda: {"stage0": "dev0"})
         optional_roles = staticmethod(lambda: set())
         plan = staticmethod(lambda: {})
+        role_spec = staticmethod(lambda role: RoleSpec(role=role, device="dev0"))  # shipped in the setup message
         ctx = type("Ctx", (), {"model": torch.nn.Linear(2, 1)})
 
     rt = RemoteRuntime(LocalConfig(name="remote", run_id="rfuzz", tune_malloc=False, join_timeout_s=5), None, None, network=Net(), run_config=OmegaConf.create({}))

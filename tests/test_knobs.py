@@ -11,12 +11,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from framework import registry
-
 from framework.config import knobs
-from framework.config.schemas import BASE_SCHEMAS, ClusterConfig, Config, DeviceConfig, TrainConfig
 from framework.config.dirs import CONF_DIR
-from framework.errors import ConfigError
 from framework.config.knobs import Knob, Range, knob
+from framework.config.schemas import BASE_SCHEMAS, ClusterConfig, Config, DeviceConfig, TrainConfig
+from framework.errors import ConfigError
 
 
 def built_in(e: registry.Entry) -> bool:

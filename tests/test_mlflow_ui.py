@@ -7,7 +7,11 @@ says (GenAI, the traces overview, until a user flips it; the browser keeps the c
 in a fresh browser profile and checks, from the rendered page, that the runs table with the run's
 name (and its dataset input) is what is shown, not the GenAI overview.
 
-Slow (a CLI run, the server's start-up and a browser), and skipped without Chromium:
+A second experiment holds single runs with overrides and a 4-job sweep: each run is named by
+what it changes, the parent by what it sweeps; no metric is constant over a run; a run's link
+opens its Model metrics charts, not MLflow's GenAI pages.
+
+Slow (CLI runs, the server's start-up and a browser), and skipped without Chromium:
 `bash setup.sh --ui` installs it. `PIPELAB_UI_SCREENSHOT=docs/mlflow_runs_table.png python -m
 pytest -m slow tests/test_mlflow_ui.py` refreshes the README's screenshot.
 """
@@ -15,6 +19,7 @@ pytest -m slow tests/test_mlflow_ui.py` refreshes the README's screenshot.
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import shutil
@@ -29,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from framework.tracking import ui_links
 from framework.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from tests.test_cli_and_tracking import TINY, cli
 
@@ -44,7 +50,11 @@ pytestmark = [
 
 def runs_table_url(base: str, experiment_id: str) -> str:
     """The README's link: the experiment's page in the UI's model-training mode."""
-    return f"{base}/#/experiments/{experiment_id}?workflowType=machine_learning"
+    return ui_links.experiment_url(base, experiment_id)
+
+
+SINGLE_OVERRIDES = [["cluster.device.slowdown=4"], ["train.iterations_per_epoch=2"], ["scheduler.microbatches=2", "cluster.device.slowdown=2"]]
+SWEEP = ["scheduler=gpipe,1f1b", "compressor=none,fp16"]
 
 
 def free_port() -> int:
@@ -80,6 +90,41 @@ def store(tmp_path_factory, mlflow_template):
     exp = client.get_experiment_by_name("pipelab")
     (run,) = client.search_runs([exp.experiment_id])
     return root, uri, exp, run
+
+
+@pytest.fixture(scope="module")
+def views(store):
+    """Experiment `views` of the same store: single runs with overrides, then a 4-job sweep.
+    Returns (experiment, single runs by their overrides, the sweep's parent, its children, the sweep's stdout)."""
+    from mlflow.tracking import MlflowClient
+
+    root, uri, _, _ = store
+    tracking = ["tracking=mlflow", f"tracking.uri={uri}", f"tracking.artifact_root={root / 'art'}", "tracking.experiment=views"]
+    client = MlflowClient(tracking_uri=uri)
+    singles = {}
+    for i, overrides in enumerate(SINGLE_OVERRIDES):
+        res = cli(tracking + TINY + overrides + [f"hydra.run.dir=single{i}"], root)
+        assert res.returncode == 0, res.stderr[-3000:]
+        run_id = json.loads((root / f"single{i}" / "summary.json").read_text())["mlflow_run_id"]
+        singles[" ".join(overrides)] = client.get_run(run_id)
+    sweep = cli(["-m"] + tracking + TINY + [*SWEEP, f"hydra.sweep.dir={root / 'sweep'}"], root)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    exp = client.get_experiment_by_name("views")
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags and r.info.run_id not in {s.info.run_id for s in singles.values()}]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    return exp, singles, parent, children, sweep.stdout
+
+
+def constant_metrics(client, run) -> list[str]:
+    """The run's metrics logged more than once with one value throughout (a flat line, or a
+    "dramatic diagonal" of float noise)."""
+    out = []
+    for key in run.data.metrics:
+        values = [m.value for m in client.get_metric_history(run.info.run_id, key)]
+        if len(values) > 1 and all(abs(v - values[0]) <= 1e-9 * max(1.0, abs(values[0])) for v in values):
+            out.append(key)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +190,7 @@ def test_the_experiment_opens_on_the_runs_table_with_the_run(store, ui, tmp_path
     _, _, exp, run = store
     assert exp.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND  # a model-training experiment
     name = run.info.run_name
-    assert name == "gpipe lenet pi4_wifi"
+    assert name == "gpipe lenet pi4_wifi " + " ".join(o for o in TINY if o != "runtime.progress=false")  # what it changes; not how it is watched
 
     # a loaded machine may still be fetching when the first budget runs out: retry, longer
     for budget in (20_000, 40_000, 80_000):
@@ -169,3 +214,54 @@ def test_the_experiment_opens_on_the_runs_table_with_the_run(store, ui, tmp_path
     target = os.environ.get("PIPELAB_UI_SCREENSHOT")
     if target:
         shutil.copy(shot, target)
+
+
+def test_a_run_logs_no_constant_metric_and_its_link_opens_its_charts(store, ui, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    root, uri, exp, run = store
+    client = MlflowClient(tracking_uri=uri)
+    assert constant_metrics(client, run) == []
+    assert not any(k.startswith("compression/") or k.startswith("net/raw_bytes/") for k in run.data.metrics), sorted(run.data.metrics)  # compressor=none
+    assert {"val/acc", "train/loss", "test/acc", "time/epoch_virtual_s"} <= set(run.data.metrics)
+    url = ui_links.run_url(ui, exp.experiment_id, run.info.run_id)
+    for budget in (20_000, 40_000, 80_000):
+        dom, _ = chromium(url, tmp_path, budget_ms=budget)
+        text = page_text(dom)
+        if "Model metrics" in text and "Auto-refresh" in text:
+            break
+    assert title_of(dom).startswith("Run "), (title_of(dom), text[:2000])
+    assert "Auto-refresh" in text and run.info.run_name in text, text[:2000]  # the charts tab (its toolbar), of this run
+    for genai in ("Token Usage", "Detect Issues", "No traces"):
+        assert genai not in text, (genai, text[:2000])
+    assert "compression" not in text, text[:3000]
+
+
+def test_runs_are_named_by_their_overrides_and_a_sweep_by_what_it_sweeps(store, views, ui, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    _, uri, _, _ = store
+    exp, singles, parent, children, stdout = views
+    client = MlflowClient(tracking_uri=uri)
+    names = [r.info.run_name for r in singles.values()]
+    assert len(set(names)) == len(names), names
+    for overrides, r in singles.items():
+        for o in overrides.split():
+            assert o in r.info.run_name, (o, r.info.run_name)
+    assert parent.info.run_name == "sweep scheduler=gpipe,1f1b · compressor=none,fp16"
+    assert len(children) == 4 and len({c.info.run_name for c in children}) == 4, [c.info.run_name for c in children]
+    for c in children:
+        name = c.info.run_name
+        assert name.split()[0] == c.data.params["scheduler.name"] and f"compressor={c.data.params['compressor.name']}" in name, name
+        assert constant_metrics(client, c) == [], name
+    best = parent.data.tags["pipelab.best_child_name"]
+    assert f"best: {best}: val/acc " in stdout and ui_links.experiment_url(ui_links.DEFAULT_UI, exp.experiment_id) in stdout, stdout[-2000:]
+
+    for budget in (20_000, 40_000, 80_000):
+        dom, _ = chromium(runs_table_url(ui, exp.experiment_id), tmp_path, budget_ms=budget)
+        text = page_text(dom)
+        if parent.info.run_name in text:
+            break
+    assert parent.info.run_name in text, text[:3000]
+    for name in names:
+        assert name in text, (name, text[:3000])

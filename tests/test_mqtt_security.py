@@ -25,10 +25,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.runtime import secret_pipe
-
-from framework.runtime import wire
 from framework.errors import ConfigError
+from framework.runtime import secret_pipe, wire
 from framework.runtime.transport import FAULTS, TransportError
 from plugins.transports import mqtt_credentials
 from plugins.transports.broker import Broker, BrokerAddress, free_port, resolve

@@ -341,8 +341,8 @@ def test_unreachable_broker_fails_with_a_clear_error():
 def test_transport_config_composes_and_bad_values_name_the_key():
     from hydra import compose, initialize_config_dir
 
-    from framework.cli import CONF_DIR
     from framework import registry
+    from framework.cli import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=["transport=mqtt", "transport.chunk_bytes=512"])

@@ -22,16 +22,16 @@ import textwrap
 import threading
 import time
 import urllib.request
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from framework.tracking import objective
+from framework.config.validate import validate
 from framework.errors import ConfigError
 from framework.job import Job
-from framework.config.validate import validate
+from framework.tracking import objective
 from tests.conftest import compose_cfg
 
 REPO = Path(__file__).resolve().parent.parent

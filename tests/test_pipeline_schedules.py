@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from framework.job import Job
-from framework.pipeline.scheduler import B, F, STEP, one_f_one_b
+from framework.pipeline.scheduler import STEP, B, F, one_f_one_b
 from tests.conftest import compose_cfg
 
 # Equal-cost units: an MLP whose every unit is Linear(64, 64) (the head too, with 64 classes);

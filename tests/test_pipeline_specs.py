@@ -9,9 +9,9 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from framework.pipeline import epoch_end as pipeline_epoch_end
 from framework.errors import ConfigError
 from framework.job import Job
+from framework.pipeline import epoch_end as pipeline_epoch_end
 from framework.pipeline.epoch_end import EpochEndPolicy, EpochEndSpec
 from framework.pipeline.plan import PipelinePlan
 from framework.pipeline.schedule import STEP, Action, B, F, Schedule, one_f_one_b

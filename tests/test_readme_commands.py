@@ -162,9 +162,9 @@ def sweep_combinations(overrides: list[str]) -> list[list[str]]:
 
 def compose_error(overrides: list[str]) -> str | None:
     """What the CLI would say before running anything (None: it would run)."""
-    from framework.errors import PipelabError
     from framework.config.group_options import check_group_overrides
     from framework.config.validate import validate
+    from framework.errors import PipelabError
 
     problem = check_group_overrides(overrides)
     if problem:

@@ -10,10 +10,9 @@ import copy
 import pytest
 import torch
 
-from framework.replicas import bank as replica_bank
-
-from framework.replicas import batched as replicas
 from framework.models import build_model
+from framework.replicas import bank as replica_bank
+from framework.replicas import batched as replicas
 from framework.stage import Stage
 from tests.conftest import compose_cfg
 from tests.test_replica_batching import run

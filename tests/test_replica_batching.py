@@ -78,8 +78,8 @@ def test_convolutions_as_matrix_products_train_as_one_at_a_time(tmp_path, monkey
     """`runtime.replica_conv=matmul` (the default on a GPU; framework/replicas/conv.py): the
     batched forwards' convolutions run as batched matrix products, and the run still equals
     the one-at-a-time run up to float64 rounding."""
-    from framework.replicas import conv as batched_conv
     from framework.replicas import batched as replicas
+    from framework.replicas import conv as batched_conv
 
     convs, forwards = [], []
     as_matmul, run_forwards = batched_conv.conv2d_as_matmul, replicas.run_forwards

@@ -9,15 +9,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.runtime import wire
-from framework.runtime.clock import run_virtual
 from framework.cluster import Cluster, Work, host_profile
+from framework.compression import Compressor
 from framework.config.schemas import ClusterConfig
 from framework.errors import ConfigError, DeadlockError, WireError
 from framework.models import UnitModel
-from framework.scheduler import ProgramRole
+from framework.runtime import wire
+from framework.runtime.clock import run_virtual
 from framework.runtime.sim import SimRuntime
-from framework.compression import Compressor
+from framework.scheduler import ProgramRole
 
 
 def cluster(**over):

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from framework.runtime.clock import run_virtual
 from framework.errors import ConfigError
 from framework.job import Job
+from framework.runtime.clock import run_virtual
 from framework.runtime.shared_processor import SharedProcessor
 from tests.conftest import compose_cfg
 

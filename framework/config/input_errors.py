@@ -38,11 +38,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, OmegaConfBaseException, ValidationError
 
 from framework import registry
-
 from framework.config import knobs, preflight
 from framework.config.dirs import CONF_DIR, extra_config_dirs
-from framework.errors import CHOICES_MOST, LINE_MAX, PipelabError, listing, one_line
 from framework.config.group_options import check_group_overrides, group_choices
+from framework.errors import CHOICES_MOST, LINE_MAX, PipelabError, listing, one_line
 
 # Hydra's flags that take a value (`--cfg job`): that value is not an override
 FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}

@@ -16,7 +16,6 @@ import yaml
 from omegaconf import OmegaConf
 
 from framework import registry
-
 from framework.config import knobs
 from framework.config.schemas import Config
 from framework.config.validate_knobs import group_schema

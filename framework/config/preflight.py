@@ -28,6 +28,7 @@ from omegaconf import open_dict, read_write
 from framework.config.validate import validate
 from framework.errors import PipelabError, one_line
 
+
 def run_config(cfg, overrides: list[str]):
     """The config a run goes on with: `train.resume=<dir>`'s stored one (the overrides a resume
     may set applied), else `cfg`, validated; raises `ConfigError` for bad input."""

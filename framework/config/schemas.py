@@ -20,8 +20,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, OmegaConf
 
-from framework.errors import ConfigError
 from framework.config.knobs import Range, knob, knob_factory
+from framework.errors import ConfigError
+
 
 @dataclass
 class ModelConfig:
@@ -188,6 +189,7 @@ class TrackingConfig:
     flush_every: int = knob(200, "buffered metrics per batch write", range=Range(1, integer=True, note="metrics per write"))
     gantt_iterations: int = knob(3, "iterations drawn in timeline.png (the trace holds all)", range=Range(1, integer=True))
     max_trace_events: int = knob(200_000, "the most events the timeline trace keeps", range=Range(0, integer=True))
+    per_device_max: int = knob(32, "above this many values of one per-device metric (util/busy_frac/<role>, net/bytes/<link>, ...), MLflow gets their mean, p50, p95 and max, and the values go to the artifacts per_device.csv and per_device.png", range=Range(0, integer=True))
     optimized_metric: str = knob("val/acc", "a sweep's parent run names its best child by this metric")
     optimized_direction: str = knob("max", "whether larger or smaller values of optimized_metric are better", choices=("max", "min"))
     metric_floor: MetricFloorConfig = knob_factory(MetricFloorConfig, "a run must reach this to count as best (and for a sweeper, e.g. Optuna)")

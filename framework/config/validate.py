@@ -19,13 +19,11 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, OmegaConf
 
 from framework import registry
-
-from framework.tracking import objective
-
 from framework.config import validate_knobs
 from framework.config.schemas import Config, TrainConfig
 from framework.errors import ConfigError, listing
 from framework.profile_tables import table_names
+from framework.tracking import objective
 
 
 def _check_keys(node, schema, where: str) -> None:

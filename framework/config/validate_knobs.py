@@ -17,7 +17,6 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from framework import registry
-
 from framework.config import knobs
 from framework.config.schemas import BASE_SCHEMAS, Config
 from framework.errors import ConfigError

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from framework.pipeline import timing as pt
 from framework.cluster import Work
 from framework.errors import ConfigError
+from framework.pipeline import timing as pt
 from framework.pipeline.partition import check_stage_count, partition
 from framework.pipeline.schedule import Action, Schedule
 

@@ -29,12 +29,12 @@ import copy
 
 from torch import nn
 
-from framework.pipeline import epoch_end as pipeline_epoch_end
-from framework.pipeline import repartition as rp
 from framework.cluster import Work
 from framework.errors import ConfigError
-from framework.pipeline.partition import partition
+from framework.pipeline import epoch_end as pipeline_epoch_end
+from framework.pipeline import repartition as rp
 from framework.pipeline.cost import PipelinePlanner
+from framework.pipeline.partition import partition
 from framework.pipeline.plan import PipelinePlan, Repartition, StageMemory, StagePlan
 from framework.pipeline.schedule import STEP, Action, B, F, Schedule, one_f_one_b
 from framework.pipeline.stage import StageRole, StageSpec

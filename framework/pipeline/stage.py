@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from framework.pipeline import repartition as rp
 from framework.data import split_microbatches
+from framework.pipeline import repartition as rp
 from framework.pipeline.cost import PipelinePlanner
 from framework.pipeline.epoch_end import EpochEndSpec
 from framework.pipeline.plan import Bounds

@@ -40,7 +40,6 @@ import torch
 from torch import nn
 
 from framework import lean_torch
-
 from framework.replicas import bank as replica_bank
 from framework.replicas.conv import ConvAsMatmul
 

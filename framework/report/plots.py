@@ -15,8 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from framework.tracking.comparison import RunRecord, is_number, short_key, short_value
 from framework.report.sources import EPOCH_MEAN
+from framework.tracking.comparison import RunRecord, is_number, short_key, short_value
 
 MAX_LINKS = 10  # links drawn one by one; the rest are summed into "other links" (K=100 devices have 200 links)
 

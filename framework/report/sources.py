@@ -18,12 +18,13 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from framework.tracking.comparison import RunRecord, is_number
 from framework.config.schemas import SWEEP_KEYS_FILE
 from framework.errors import PipelabError
 from framework.report.plan import read_plan
-from framework.tracking.store import flatten, mlflow_name, quiet_mlflow
+from framework.tracking import per_device
+from framework.tracking.comparison import RunRecord, is_number
 from framework.tracking.multirun import swept_keys
+from framework.tracking.store import flatten, mlflow_name, quiet_mlflow
 
 EPOCH_MEAN = "time/epoch_virtual_s (mean)"  # the mean over epochs: MLflow's latest value is the last epoch's only
 BYTES_TOTAL = "net/bytes (all links)"
@@ -184,7 +185,8 @@ def mlflow_record(client, run, tmp: Path) -> RunRecord:
         points = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: (m.step, m.timestamp))
         if points:
             rec.history[key] = [m.value for m in points]
-    rec.links = {k[len("net/bytes/") :].replace("_to_", "->"): v for k, v in rec.metrics.items() if k.startswith("net/bytes/")}
+    # (a large cluster's links are a table artifact, its metrics their statistics: framework.tracking.per_device)
+    rec.links = {k[len("net/bytes/") :].replace("_to_", "->"): v for k, v in rec.metrics.items() if k.startswith("net/bytes/") and k[len("net/bytes/") :] not in per_device.STATS}
     return _derive(rec)
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from framework.tracking.comparison import cell, compare, distinct_columns, markdown_table, short_labels, swept_columns, write_csv
 from framework.report import plots
 from framework.report.plan import COLUMNS as PLAN_COLUMNS
 from framework.report.sources import BYTES_TOTAL, EPOCH_MEAN, Source
+from framework.tracking.comparison import cell, compare, distinct_columns, markdown_table, short_labels, swept_columns, write_csv
 
 METRICS = ("val/acc", "test/acc", "time/virtual_s", EPOCH_MEAN, "throughput/samples_per_s", "pipe/bubble_frac", BYTES_TOTAL)
 FIXED = ("scheduler.name", "model.name", "dataset.name", "cluster.name", "compressor.name", "runtime.name", "train.epochs", "train.batch_size")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from framework.config.schemas import RuntimeConfig
 from framework.config.knobs import Range, knob
+from framework.config.schemas import RuntimeConfig
 
 
 @dataclass

@@ -18,8 +18,8 @@ import struct
 
 import numpy as np
 
-from framework.runtime import wire
 from framework.errors import WireError
+from framework.runtime import wire
 
 COORDINATOR = "coordinator"
 CTL = "ctl"  # role -> coordinator: progress, epoch arrival, result, error

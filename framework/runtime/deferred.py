@@ -35,9 +35,7 @@ from typing import Callable
 import torch
 
 from framework import nonfinite
-
 from framework.replicas import bank as replica_bank
-
 from framework.replicas import batched as replicas
 from framework.runtime.placeholders import Pending, pending_in, resolve
 from framework.stage import Stage

@@ -39,17 +39,16 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from framework.runtime import secret_pipe
 from framework.errors import ConfigError, PipelabError, WireError, listing
 from framework.nonfinite import NonFiniteError
-from framework.runtime.parent_death import die_with_parent
+from framework.runtime import secret_pipe
 from framework.runtime.allocator import tune_malloc
 from framework.runtime.base import Runtime
 from framework.runtime.configs import LocalConfig, RemoteConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 from framework.runtime.control import COORDINATOR, CTL, TO_COORDINATOR, ctl_pack, ctl_unpack
+from framework.runtime.parent_death import die_with_parent
 from framework.runtime.role_process import TRANSPORT_FAILED_EXIT, RoleFailed
 from framework.runtime.transport import FAULTS, Network
-
 
 # ---- the coordinator -----------------------------------------------------------------------
 

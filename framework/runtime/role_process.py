@@ -18,13 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable
 
-from framework.cluster import Work
 from framework import nonfinite
+from framework.cluster import Work
 from framework.errors import PipelabError, WireError, listing
 from framework.runtime.base import PeerLost, RoleContext, check_retries
 from framework.runtime.control import COORDINATOR, CTL, ctl_pack, ctl_unpack
 from framework.runtime.transport import TransportError
-
 
 # a role's exit status when its transport failed (the broker lost for good): the coordinator then
 # waits for its own transport's verdict, which names the broker, rather than blaming the role

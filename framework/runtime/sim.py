@@ -16,13 +16,13 @@ from typing import Callable
 
 import torch
 
-from framework.checkpoints import state as ck
 from framework import torch_device
-from framework.runtime.clock import VirtualClockLoop, run_virtual
+from framework.checkpoints import state as ck
 from framework.cluster import Cluster
 from framework.errors import ConfigError, listing
 from framework.long_lived import long_lived
 from framework.runtime.base import Runtime, RuntimeHooks, check_retries
+from framework.runtime.clock import VirtualClockLoop, run_virtual
 from framework.runtime.deferred import DeferredCompute
 from framework.runtime.placeholders import DeferredHooks, Pending, pending_in, resolve
 from framework.runtime.shared_processor import SharedProcessor

@@ -11,10 +11,10 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Protocol
 
-from framework.runtime.clock import VirtualClockLoop
 from framework.cluster import Cluster, Work
 from framework.nonfinite import NonFiniteError
 from framework.runtime.base import RoleContext, RuntimeHooks
+from framework.runtime.clock import VirtualClockLoop
 from framework.runtime.deferred import DeferredCompute
 from framework.runtime.placeholders import pending_in, resolve
 from framework.runtime.shared_processor import SharedProcessor

@@ -21,11 +21,9 @@ from hydra.core.utils import JobStatus
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from framework.tracking import faults
-
-from framework.tracking import objective
 from framework.config.schemas import SWEEP_KEYS_FILE, read_sweep_keys
 from framework.errors import PipelabError, one_line
+from framework.tracking import faults, objective, run_names, ui_links
 from framework.tracking.store import client_and_experiment
 from framework.tracking.sweep_summary import summarize_sweep
 
@@ -65,7 +63,7 @@ class MultirunParent(Callback):
         faults.reap_orphans(self.client, exp_id)  # a sweep killed with SIGKILL: its parent and children
         note = " ".join(task + [f"{k}={v}" for k, v in space.items()])
         tags = {"pipelab.sweep_dir": str(sweep_dir), "mlflow.note.content": note, **faults.process_tags()}
-        run = self.client.create_run(exp_id, run_name=f"sweep {sweep_dir.name}", tags=tags)
+        run = self.client.create_run(exp_id, run_name=run_names.sweep_name(task, keys, space), tags=tags)
         self.run_id = run.info.run_id
         (sweep_dir / PARENT_FILE).write_text(self.run_id)
         os.environ["PIPELAB_PARENT_RUN_ID"] = self.run_id
@@ -82,6 +80,7 @@ class MultirunParent(Callback):
                 # jobs in other processes (joblib, submitit) call on_job_end on their own copy of
                 # this callback: the children's statuses in the store say whether one failed
                 self.failed |= any(row.get("status") == "FAILED" for row in result["rows"])
+                print(sweep_outcome(result, config.tracking, self.experiment_id, self.run_id))
             except Exception as e:  # the comparison must never hide the sweep's own outcome
                 print(f"warning: could not summarise the sweep on its parent run: {e}", file=sys.stderr)
             self.ended = True
@@ -95,6 +94,21 @@ class MultirunParent(Callback):
         if self.run_id and self.client is not None and not self.ended:
             self.ended = True
             faults.close_sweep(self.client, self.experiment_id, self.run_id, status="FAILED")
+
+
+def sweep_outcome(result: dict, tcfg, experiment_id: str, parent_id: str) -> str:
+    """What a sweep ends with: its best job by the optimized metric (or why none), and links to
+    its runs and to the best job's charts in the MLflow UI (framework.tracking.ui_links)."""
+    base, _ = ui_links.ui_base(tcfg.uri)
+    metric = tcfg.optimized_metric
+    best = result.get("best")
+    lines = [f"sweep: {len(result['rows'])} job(s); runs: " + ui_links.describe(tcfg.uri, ui_links.experiment_url(base, experiment_id))]
+    if best is None:
+        floor = objective.describe_floor(tcfg)
+        lines.append(f"best: none (no job recorded {metric}" + (f" at {floor}" if floor else "") + ")")
+    else:
+        lines.append(f"best: {best.name}: {metric} {best.metrics[metric]:.6g} ({tcfg.optimized_direction})  {ui_links.run_url(base, experiment_id, best.run_id)}")
+    return "\n".join(lines)
 
 
 def sweeper_params(config) -> dict:

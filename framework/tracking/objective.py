@@ -26,7 +26,6 @@ import re
 from typing import Any, Callable, Iterable, Optional
 
 from framework import registry
-
 from framework.config import knobs
 from framework.config.schemas import TrackingConfig
 from framework.errors import ConfigError, listing
@@ -84,12 +83,15 @@ def _number(v: Any) -> bool:
 
 def run_metrics(summary: dict) -> dict[str, float]:
     """A finished run's metrics as MLflow holds them (latest value per name): every per-epoch
-    metric's last value from `summary["history"]`, overridden by the end-of-run `summary["metrics"]`."""
+    metric's last value from `summary["history"]`, overridden by the end-of-run `summary["metrics"]`;
+    a per-epoch metric the same every epoch is its first epoch's value, the one point MLflow holds
+    (`summary["constant_per_epoch"]`, framework.tracking.series)."""
     out: dict[str, float] = {}
     for k, values in (summary.get("history") or {}).items():
         if isinstance(values, list) and values and _number(values[-1]):
             out[k] = float(values[-1])
     out.update({k: float(v) for k, v in summary.get("metrics", {}).items() if _number(v)})
+    out.update({k: float(v) for k, v in (summary.get("constant_per_epoch") or {}).items() if _number(v)})
     return out
 
 

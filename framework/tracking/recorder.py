@@ -40,8 +40,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from framework.tracking import faults
 from framework.errors import PipelabError
+from framework.tracking import faults
 from framework.tracking.tracker import MlflowTracker, dataset_records
 
 ENV = "PIPELAB_TRACKING_PROCESS"  # 0: MLflow in the run's own process
@@ -129,6 +129,7 @@ class Recorder:
         self._requests = os.fdopen(req_w, "wb")  # buffered: a flush writes a call whole
         self.error: str | None = None
         self.started_run_id: str | None = None
+        self.experiment_id: str | None = None
         self._closed = False
         self._gone = False  # the recorder stopped reading (it died)
 
@@ -155,6 +156,7 @@ class Recorder:
             self.error = msg["error"]
         if "run_id" in msg:
             self.started_run_id = msg["run_id"]
+            self.experiment_id = msg.get("experiment_id")
         return msg
 
     def run_id(self) -> str | None:
@@ -219,6 +221,12 @@ class RemoteTracker:
     def run_id(self) -> str | None:
         """The MLflow run's id: waits until the recorder has made the run (None if it could not)."""
         return self._recorder.run_id()
+
+    @property
+    def experiment_id(self) -> str | None:
+        """The MLflow experiment's id: waits as `run_id` does."""
+        self._recorder.run_id()
+        return self._recorder.experiment_id
 
     @property
     def known_run_id(self) -> str | None:
@@ -358,7 +366,7 @@ def _loop(requests, replies) -> None:
             if op == "start":
                 cfg = OmegaConf.create(msg.pop("cfg"))
                 tracker = MlflowTracker(cfg, **msg)
-                reply(run_id=tracker.run_id)
+                reply(run_id=tracker.run_id, experiment_id=tracker.experiment_id)
             elif op == "end":
                 if tracker is not None:  # a run whose records broke off is no finished run
                     tracker.end("FAILED" if failed else msg["status"])

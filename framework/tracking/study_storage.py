@@ -73,7 +73,7 @@ def prepare(url: str) -> None:
 
 
 def _alembic_script(models):
-    from alembic.config import Config
+    from alembic.config import Config  # start-up: only preparing a study's storage needs alembic
     from alembic.script import ScriptDirectory
 
     here = os.path.dirname(models.__file__)

@@ -17,8 +17,8 @@ import os
 import time
 
 from framework.tracking import faults
-from framework.tracking.store import client_and_experiment
 from framework.tracking.multirun import job_num
+from framework.tracking.store import client_and_experiment
 
 
 def dataset_records(dataset) -> list[dict]:
@@ -182,6 +182,7 @@ class NullTracker:
 
     run_id = None
     known_run_id = None
+    experiment_id = None
 
     def __init__(self, cfg, parent_run_id=None, run_name=None, tags=None, resume_run_id=None):
         self.cfg = cfg

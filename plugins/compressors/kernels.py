@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from numba import njit
 
-from framework.runtime import wire
 from framework.codec import codec_class
+from framework.runtime import wire
 
 _JIT = dict(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 # Float64 reductions may be reordered (summed in vector lanes): the same machine always sums in

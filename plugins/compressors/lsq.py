@@ -17,7 +17,6 @@ import torch
 
 from framework.codec import Encoded, register_codec
 from framework.compression import Compressor
-
 from plugins.compressors.accept_codecs import _SU_META, StochasticUniform, _bytes_view, _pack_nibbles, _rel_err, _split_shape
 
 

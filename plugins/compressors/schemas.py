@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.config.schemas import CodecTimeConfig, CompressionConfig, DirectionConfig
 from framework.config.knobs import Range, knob, knob_factory
+from framework.config.schemas import CodecTimeConfig, CompressionConfig, DirectionConfig
 
 
 def _dir(doc: str, codec="none", bits=32, **options):

@@ -30,7 +30,6 @@ from framework.data import Dataset
 from framework.errors import ConfigError
 from plugins.datasets.schemas import SyntheticCifar10Config, SyntheticConfig, SyntheticHarConfig, SyntheticMnistConfig  # noqa: F401  (the schemas live in a light module: registry.declare)
 
-
 # ---------------------------------------------------------------------------------------------
 # factories
 

@@ -7,7 +7,6 @@ digits get padding 2 on the first conv (the usual adaptation) so the feature map
 
 from __future__ import annotations
 
-
 from torch import nn
 
 from framework.config import knobs

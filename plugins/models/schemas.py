@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from framework.config.schemas import ModelConfig
 from framework.config.knobs import knob
+from framework.config.schemas import ModelConfig
 
 
 @dataclass

@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 
 from framework.errors import ConfigError
-from framework.pipeline.partition import bounds_from_cuts
 from framework.pipeline.epoch_end import EpochEndPolicy, EpochEndSpec, StageView
+from framework.pipeline.partition import bounds_from_cuts
 from framework.predictor import Predictor
 
 KNOB = "replan_epsilon"

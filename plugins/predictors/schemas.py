@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from framework.config.schemas import PredictorConfig
 from framework.config.knobs import Range, knob
+from framework.config.schemas import PredictorConfig
 
 
 @dataclass

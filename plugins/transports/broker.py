@@ -35,11 +35,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from framework.tracking import faults
-
 from framework.config import knobs
 from framework.errors import ConfigError
 from framework.runtime.parent_death import die_with_parent
+from framework.tracking import faults
 from plugins.transports import broker_check
 from plugins.transports.mqtt_config import BrokerConfig
 from plugins.transports.mqtt_credentials import PASSWORD_ENV

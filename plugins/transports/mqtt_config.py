@@ -7,10 +7,10 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Optional
 
-from framework.config.schemas import TransportConfig
-from framework.errors import ConfigError
 from framework.config import knobs
 from framework.config.knobs import Range, knob, knob_factory
+from framework.config.schemas import TransportConfig
+from framework.errors import ConfigError
 from plugins.transports.mqtt_frame import MACS
 
 

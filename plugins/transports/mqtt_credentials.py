@@ -32,10 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from framework.tracking import faults
-
-from framework.runtime import secret_pipe
 from framework.errors import ConfigError
+from framework.runtime import secret_pipe
+from framework.tracking import faults
 
 PASSWORD_ENV = "PIPELAB_MQTT_PASSWORD"
 _VERSION = 1

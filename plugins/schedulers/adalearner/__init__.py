@@ -6,8 +6,8 @@ error-feedback gradients, Algorithm 1 choosing the number of workers n.
   planner: Algorithm 1 over a run's devices; fifo: the iteration as the FIFO star runs it
 """
 
-from framework.tracking.objective import declare_metrics
 from framework.registry import declare
+from framework.tracking.objective import declare_metrics
 from plugins.schedulers.adalearner.schema import AdaLearnerConfig
 
 declare("scheduler", "adalearner", "plugins.schedulers.adalearner.scheduler:AdaLearner", schema=AdaLearnerConfig,

@@ -5,7 +5,6 @@ Each is only its per-stage action list; `framework.pipeline.scheduler.PipelineSc
 
 from __future__ import annotations
 
-
 from framework.errors import ConfigError
 from framework.pipeline.scheduler import STEP, B, F, PipelineScheduler, one_f_one_b
 

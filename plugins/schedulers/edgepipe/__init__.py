@@ -9,8 +9,8 @@ Eq. 2's slot schedule over lossy links.
   and curve: lossy test passes, accuracy over time
 """
 
-from framework.tracking.objective import declare_metrics
 from framework.registry import declare
+from framework.tracking.objective import declare_metrics
 from plugins.schedulers.edgepipe.schema import SuperNeuronConfig
 
 declare("scheduler", "super_neuron", "plugins.schedulers.edgepipe.scheduler:SuperNeuron", schema=SuperNeuronConfig,

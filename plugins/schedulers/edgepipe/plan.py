@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from framework.runtime import wire
 from framework.errors import ConfigError
+from framework.runtime import wire
 from framework.specs import Data, absent_when_none
 from plugins.schedulers.edgepipe import budget, channel, curve, mapping, recovery, timing
 from plugins.schedulers.edgepipe import partition as part

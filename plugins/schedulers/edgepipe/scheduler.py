@@ -38,8 +38,8 @@ from plugins.schedulers.edgepipe import budget, curve, mapping, recovery
 from plugins.schedulers.edgepipe import partition as part
 from plugins.schedulers.edgepipe import plan as plan_mod
 from plugins.schedulers.edgepipe.dense import glorot_init, linear_of, mlp_sizes, op_works
-from plugins.schedulers.edgepipe.roles import Recovery, SuperNeuronRole, SuperNeuronSpec
 from plugins.schedulers.edgepipe.lossy_eval import lossy_test
+from plugins.schedulers.edgepipe.roles import Recovery, SuperNeuronRole, SuperNeuronSpec
 
 
 class SuperNeuron(Scheduler):

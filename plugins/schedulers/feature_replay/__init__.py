@@ -10,8 +10,8 @@ replayed through the current weights, with its baselines JointDNN and edge-only.
   plan's profile, as the coordinator and the adaptive edge run it
 """
 
-from framework.tracking.objective import declare_metrics
 from framework.registry import declare
+from framework.tracking.objective import declare_metrics
 from plugins.schedulers.feature_replay.schema import EdgeOnlyConfig, FeatureReplayConfig, JointDNNConfig
 
 declare("scheduler", "feature_replay", "plugins.schedulers.feature_replay.scheduler:FeatureReplay", schema=FeatureReplayConfig,

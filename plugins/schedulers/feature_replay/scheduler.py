@@ -47,8 +47,8 @@ from __future__ import annotations
 import collections
 import copy
 
-from framework.pipeline import repartition as rp
 from framework.errors import ConfigError, listing
+from framework.pipeline import repartition as rp
 from framework.scheduler import Role, Scheduler
 from plugins.schedulers.feature_replay import cost, engine, pipeline
 from plugins.schedulers.feature_replay.downstream import DownstreamRole

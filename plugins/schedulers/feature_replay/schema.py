@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from framework.config.schemas import SchedulerConfig
 from framework.config.knobs import Range, knob
+from framework.config.schemas import SchedulerConfig
 
 
 @dataclass

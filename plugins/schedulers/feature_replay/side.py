@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from framework.models import clone_module
 from framework.pipeline import repartition as rp
 from framework.runtime import wire
-from framework.models import clone_module
 from framework.scheduler import Role, SchedulerContext
 from framework.stage import Stage
 from plugins.schedulers.feature_replay.role_specs import SideSpec

@@ -9,8 +9,8 @@ baselines it compares against: FL (FedAvg), SFL (SplitFed) and vanilla SL.
 - idle: the server's and devices' idle times (Figs 4-7)
 """
 
-from framework.tracking.objective import declare_metrics
 from framework.registry import declare
+from framework.tracking.objective import declare_metrics
 from plugins.schedulers.pipar.schema import CollabConfig, FLConfig, SFLConfig, SLConfig
 
 declare("scheduler", "fl", "plugins.schedulers.pipar.scheduler:FL", schema=FLConfig,

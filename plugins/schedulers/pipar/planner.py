@@ -30,10 +30,10 @@ import torch
 from framework.cluster import Work
 from plugins.schedulers.pipar import plan as plan_mod
 from plugins.schedulers.pipar.iteration import SERVER
-from plugins.schedulers.pipar.specs import DevicePlan, PlannerKnobs
+from plugins.schedulers.pipar.model_vectors import UnitLayout
 from plugins.schedulers.pipar.refine import refine, trial_cost
 from plugins.schedulers.pipar.search import exhaustive, trial_iteration
-from plugins.schedulers.pipar.model_vectors import UnitLayout
+from plugins.schedulers.pipar.specs import DevicePlan, PlannerKnobs
 
 
 def split_points(max_device_units: int | None, num_units: int) -> range:

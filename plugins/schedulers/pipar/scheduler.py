@@ -45,8 +45,7 @@ from plugins.schedulers.pipar.idle import idle_times
 from plugins.schedulers.pipar.iteration import SERVER
 from plugins.schedulers.pipar.planner import Planner, split_points
 from plugins.schedulers.pipar.roles import DeviceRole, ServerRole
-from plugins.schedulers.pipar.specs import (CollabPlan, CollabRoleSpec, DevicePlan, DeviceRecord, DeviceSpec, FedSpec, PlannerKnobs, ServerSpec, Shard, aggregates,
-                                            iterations_per_epoch)
+from plugins.schedulers.pipar.specs import CollabPlan, CollabRoleSpec, DevicePlan, DeviceRecord, DeviceSpec, FedSpec, PlannerKnobs, ServerSpec, Shard, aggregates, iterations_per_epoch
 from plugins.schedulers.pipar.training import device_batches
 
 

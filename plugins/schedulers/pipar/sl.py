@@ -9,7 +9,6 @@ and the latest device part, which together are the model evaluated).
 
 from __future__ import annotations
 
-
 from framework.checkpoints import state as ck
 from framework.errors import ConfigError, listing
 from framework.scheduler import Role, SchedulerContext
