@@ -1,10 +1,15 @@
 """The plots a paper shows, chosen from what the runs hold. Each returns (png path, None), or
 (None, a one-line reason) when its data is absent: timing-only runs have no accuracy, a
 one-device run no link bytes.
+
+Beside each PNG, its data as JSON (`epoch_time.json` next to `epoch_time.png`): every plotted
+value at 6 significant digits, so a figure in the docs can be checked against what its command
+produces now (experiments/docs_figures.py) without comparing pixels.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -25,9 +30,16 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def figure_value(v: float) -> float:
+    """A plotted value as the figure's data keeps it: 6 significant digits (more than a plot
+    shows, fewer than float noise could change)."""
+    return float(f"{v:.6g}")
+
+
+def _save(fig, path: Path, data: dict) -> Path:
     fig.savefig(path, dpi=120, bbox_inches="tight")  # bbox: legends placed outside the axes stay in the image
     _plt().close(fig)
+    path.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     return path
 
 
@@ -99,13 +111,17 @@ def epoch_time(records: Sequence[RunRecord], columns: Sequence[str], labels: Seq
     plt = _plt()
     if not numeric:
         fig, ax = plt.subplots(figsize=(7, 0.4 * len(runs) + 1.6))
-        ax.barh(range(len(runs)), [r.metrics[EPOCH_MEAN] for r in recs], color="tab:blue")
+        bars = ax.barh(range(len(runs)), [r.metrics[EPOCH_MEAN] for r in recs], color="tab:blue")
+        ax.bar_label(bars, fmt="%.4g", padding=3, fontsize=8)  # the value at each bar's end
+        ax.margins(x=0.15)  # room for the labels
         ax.set_yticks(range(len(runs)), [lab for _, lab in runs], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel(ylabel)
         ax.grid(True, axis="x", alpha=0.3)
-        return _save(fig, out_dir / "epoch_time.png"), None
+        data = {"figure": "epoch_time", "value": ylabel, "bars": {lab: figure_value(r.metrics[EPOCH_MEAN]) for r, lab in runs}}
+        return _save(fig, out_dir / "epoch_time.png", data), None
     fig, axes = plt.subplots(1, len(numeric), figsize=(6 * len(numeric), 4.2), squeeze=False)
+    data = {"figure": "epoch_time", "value": ylabel, "panels": []}
     for ax, col in zip(axes[0], numeric):
         others = [c for c in columns if c != col]
         lines: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -113,9 +129,13 @@ def epoch_time(records: Sequence[RunRecord], columns: Sequence[str], labels: Seq
             values = [short_value(r.params.get(o, "")) for o in others]
             key = values[0] if len(others) == 1 else ", ".join(f"{short_key(o)}={v}" for o, v in zip(others, values))
             lines[key][float(r.params[col])].append(r.metrics[EPOCH_MEAN])
+        panel = {"x": col, "lines": {}}
         for key, pts in lines.items():
             xs = sorted(pts)
-            ax.plot(xs, [sum(pts[x]) / len(pts[x]) for x in xs], marker="o", label=key or None)  # repeats of one point: their mean
+            ys = [sum(pts[x]) / len(pts[x]) for x in xs]  # repeats of one point: their mean
+            ax.plot(xs, ys, marker="o", label=key or None)
+            panel["lines"][key] = [[figure_value(x), figure_value(y)] for x, y in zip(xs, ys)]
+        data["panels"].append(panel)
         _x_axis(ax, _numbers(recs, col), col)
         _y_axis(ax, [r.metrics[EPOCH_MEAN] for r in recs])
         ax.set_xlabel(col)
@@ -124,7 +144,7 @@ def epoch_time(records: Sequence[RunRecord], columns: Sequence[str], labels: Seq
         if others:
             _legend(ax, len(lines), short_key(others[0]) if len(others) == 1 else None)
     fig.tight_layout()
-    return _save(fig, out_dir / "epoch_time.png"), None
+    return _save(fig, out_dir / "epoch_time.png", data), None
 
 
 def accuracy(records: Sequence[RunRecord], labels: Sequence[str], out_dir: Path):
@@ -144,7 +164,8 @@ def accuracy(records: Sequence[RunRecord], labels: Sequence[str], out_dir: Path)
     ax.set_ylabel("val/acc")
     ax.grid(True, alpha=0.3)
     _legend(ax, len(curves))
-    return _save(fig, out_dir / "accuracy.png"), None
+    data = {"figure": "accuracy", "value": "val/acc after each epoch", "curves": {lab: [figure_value(v) if is_number(v) else None for v in acc] for acc, lab in curves}}
+    return _save(fig, out_dir / "accuracy.png", data), None
 
 
 def link_bytes(records: Sequence[RunRecord], labels: Sequence[str], out_dir: Path):
@@ -163,12 +184,15 @@ def link_bytes(records: Sequence[RunRecord], labels: Sequence[str], out_dir: Pat
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(runs) + 1.8))
     left = [0.0] * len(runs)
+    data = {"figure": "link_bytes", "value": "bytes on the wire, whole run", "runs": {lab: {} for _, lab in runs}}
     colors = plt.get_cmap("tab10" if len(shown) + bool(rest) <= 10 else "tab20").colors
     segments = [(n.replace("->", " → "), lambda r, n=n: r.links.get(n, 0.0)) for n in shown]
     if rest:
         segments.append((f"other links ({len(rest)})", lambda r: sum(r.links.get(n, 0.0) for n in rest)))
     for i, (label, get) in enumerate(segments):
         widths = [get(r) for r, _ in runs]
+        for (_, lab), w in zip(runs, widths):
+            data["runs"][lab][label] = figure_value(w)
         ax.barh(range(len(runs)), widths, left=left, color=colors[i % len(colors)], label=label)
         left = [a + b for a, b in zip(left, widths)]
     ax.set_yticks(range(len(runs)), [lab for _, lab in runs], fontsize=8)
@@ -177,4 +201,4 @@ def link_bytes(records: Sequence[RunRecord], labels: Sequence[str], out_dir: Pat
     ax.set_xlabel("bytes on the wire, whole run")
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(title="link", fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(fig, out_dir / "link_bytes.png"), None
+    return _save(fig, out_dir / "link_bytes.png", data), None

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from framework.config.schemas import SWEEP_KEYS_FILE
 from framework.errors import PipelabError
+from framework.report.plan import read_plan
 from framework.tracking import per_device
 from framework.tracking.comparison import RunRecord, is_number
 from framework.tracking.multirun import swept_keys
@@ -106,6 +107,7 @@ def job_record(folder: Path) -> RunRecord:
         cfg = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=False)
         params = {mlflow_name(k): str(v)[:6000] for k, v in flatten(cfg).items()}
     rec = RunRecord(folder.name, summary.get("mlflow_run_id") or "", "", params, {})
+    rec.plan = read_plan(folder / "plan.json")
     return _from_summary(rec, summary)
 
 
@@ -170,6 +172,10 @@ def mlflow_record(client, run, tmp: Path) -> RunRecord:
     artifact, the per-epoch history and link bytes come from its metrics."""
     rec = RunRecord(run.info.run_name, run.info.run_id, run.info.status, dict(run.data.params), dict(run.data.metrics))
     tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        rec.plan = read_plan(client.download_artifacts(run.info.run_id, "plan.json", str(tmp)))
+    except Exception:  # no plan artifact (a run that failed before planning): no plan columns
+        pass
     try:
         path = client.download_artifacts(run.info.run_id, "summary.json", str(tmp))
         return _from_summary(rec, json.loads(Path(path).read_text()))

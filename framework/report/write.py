@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from framework.report import plots
+from framework.report.plan import COLUMNS as PLAN_COLUMNS
 from framework.report.sources import BYTES_TOTAL, EPOCH_MEAN, Source
 from framework.tracking.comparison import cell, compare, distinct_columns, markdown_table, short_labels, swept_columns, write_csv
 
@@ -25,7 +26,17 @@ def table(src: Source) -> dict:
     if not columns:
         columns = distinct_columns(base["differing"])
     metrics = [m for m in METRICS if any(m in r.metrics for r in recs)]
-    return compare(recs, columns=columns, metrics=metrics)
+    return with_plans(compare(recs, columns=columns, metrics=metrics), recs)
+
+
+def with_plans(result: dict, records) -> dict:
+    """The plan columns some run has, after the params and before the metrics: the cut, the
+    schedule, PiPar's (P, N), AdaLearner's n (framework.report.plan)."""
+    plan = [c for c in PLAN_COLUMNS if any(c in r.plan for r in records)]
+    params = ["run", "run_id", "status", *result["columns"]]
+    result["rows"] = [{**{k: row[k] for k in params}, **{c: r.plan.get(c, "") for c in plan}, **{m: row[m] for m in result["metrics"]}} for row, r in zip(result["rows"], records)]
+    result["plan"] = plan
+    return result
 
 
 def write_report(src: Source, out: Path) -> dict:
@@ -61,6 +72,8 @@ def markdown(src: Source, result: dict, drawn: dict, out: Path) -> str:
     lines += ["", "## Runs", "", markdown_table(result["rows"])]
     notes = {EPOCH_MEAN: f"`{EPOCH_MEAN}` averages every epoch", BYTES_TOTAL: f"`{BYTES_TOTAL}` sums every directed link"}
     said = [text for m, text in notes.items() if m in result["metrics"]]
+    if result.get("plan"):
+        said.insert(0, "`plan/...` is each run's plan.json: `plan/cuts` the units where a new stage starts, `plan/schedule` micro-batches and flushes, PiPar's `plan/P` and `plan/N`, AdaLearner's `plan/n`")
     lines.append("; ".join(said + ["every column, run ids included: [runs.csv](runs.csv)"]) + ".")
     for title, (path, note) in drawn.items():
         lines += ["", f"## {title}", ""]
@@ -71,8 +84,9 @@ def markdown(src: Source, result: dict, drawn: dict, out: Path) -> str:
 def console_table(result: dict, labels: list[str]) -> str:
     """A few columns per run, fixed width, for the terminal."""
     metrics = [m for m in CONSOLE if m in result["metrics"]]
-    head = ["run"] + [m.split(" (")[0] + (" mean" if m == EPOCH_MEAN else " total" if m == BYTES_TOTAL else "") for m in metrics]
-    body = [[lab] + [cell(r[m]) for m in metrics] for lab, r in zip(labels, result["rows"])]
+    plan = [c for c in result.get("plan", []) if len({r[c] for r in result["rows"]}) > 1]  # a plan that differs explains a difference
+    head = ["run"] + [c.removeprefix("plan/") for c in plan] + [m.split(" (")[0] + (" mean" if m == EPOCH_MEAN else " total" if m == BYTES_TOTAL else "") for m in metrics]
+    body = [[lab] + [str(r[c]) for c in plan] + [cell(r[m]) for m in metrics] for lab, r in zip(labels, result["rows"])]
     widths = [max(len(row[i]) for row in [head] + body) for i in range(len(head))]
     fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
     return "\n".join(fmt(r) for r in [head] + body)

@@ -30,6 +30,7 @@ class RunRecord:
     history: dict[str, list] = field(default_factory=dict)  # per-epoch values (summary.json's `history`)
     links: dict[str, float] = field(default_factory=dict)  # bytes sent per directed link
     clock: str = "virtual"
+    plan: dict[str, str] = field(default_factory=dict)  # the plan's report columns (framework.report.plan)
 
 
 def is_number(v) -> bool:

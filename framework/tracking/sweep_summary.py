@@ -5,7 +5,8 @@
   max or min): `pipelab.best_child_run_id`, `pipelab.best_child_name`, `best/<metric>`;
 - artifacts: `comparison.csv` and `comparison.md` (one row per child: its run name, the params
   that differ between children, the key metrics) and `comparison.png` (the optimized metric and
-  the epoch time per child), also written to the sweep directory.
+  the epoch time per child, each bar labelled with its value, the axis zoomed to close values),
+  also written to the sweep directory.
 
 The table itself is `framework.tracking.comparison`'s, the one `python -m framework.report` writes too.
 """
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 from framework.tracking import objective
+from framework.tracking.bars import value_bars
 from framework.tracking.comparison import KEY_METRICS, RunRecord, distinct_columns, markdown_table, short_labels, write_csv
 from framework.tracking.comparison import compare as compare_records
 
@@ -65,11 +67,8 @@ def plot(result: dict, metric: str, out_dir: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 0.5 * len(rows) + 2), squeeze=False)
     # what differs between the jobs (a group by its name: `compressor=fp16`, not its eight sub-keys), else the run name
     names = short_labels(rows, distinct_columns(result["columns"]))
-    for ax, m in zip(axes[0], panels):
-        ax.barh(range(len(rows)), [r[m] if isinstance(r.get(m), float) else 0.0 for r in rows], color="tab:blue")
-        ax.set_yticks(range(len(rows)), names, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel(m)
+    for ax, m in zip(axes[0], panels):  # values written on the bars; the axis zoomed to close values (framework.tracking.bars)
+        value_bars(ax, [r[m] if isinstance(r.get(m), float) else None for r in rows], names, m)
     fig.suptitle("sweep: one bar per job")
     fig.tight_layout()
     path = out_dir / "comparison.png"
