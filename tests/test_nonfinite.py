@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from framework import nonfinite
+from framework import nonfinite, plugin_discovery
 from framework.errors import WireError
 from framework.job import Job
 from framework.runtime.control import ctl_pack, ctl_unpack
@@ -193,6 +193,7 @@ def poison_site(tmp_path_factory) -> Path:
 def test_a_role_that_receives_nan_over_mqtt_fails_the_run_naming_itself(tmp_path, poison_site, mlflow_store):
     overrides, client = mlflow_store
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(poison_site), str(REPO)]), OMP_NUM_THREADS="1")
+    env[plugin_discovery.ONLY_PLUGINS_ENV] = "pipelab_poison"  # the suite loads only the outside plugins a test names (tests/conftest.py)
     env.pop("HYDRA_FULL_ERROR", None)
     out = tmp_path / "run"
     args = ["model=poisoned_mlp", "scheduler=gpipe", "cluster=uniform", "cluster.num_devices=2", "runtime=local", "transport=mqtt",
