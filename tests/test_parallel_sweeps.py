@@ -123,7 +123,7 @@ def test_eight_jobs_at_once_writing_every_metric_on_its_own_lose_nothing(tmp_pat
     assert sorted(c.data.params["train.lr"] for c in children) == lrs
     for c in children:  # every iteration's loss, and the epoch's mean at the end (step 12 again)
         assert sorted(m.step for m in client.get_metric_history(c.info.run_id, "train/loss")) == list(range(1, 13)) + [12]
-    assert overlapping(children)
+    assert overlapping(children), [(c.info.start_time, c.info.end_time) for c in children]
 
 
 @pytest.mark.slow  # many processes opening one store (about 15 s)
