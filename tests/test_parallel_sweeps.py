@@ -22,6 +22,7 @@ import textwrap
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -229,17 +230,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """`mlflow server` on a free loopback port: SQLite backend and served artifacts in tmp (its
-    GenAI job runner off: it starts 7 worker processes this test has no use for)."""
-    root = tmp_path_factory.mktemp("mlflow_server")
+@contextmanager
+def serve_mlflow(backend_uri: str, root: Path):
+    """`mlflow server` on a free loopback port over `backend_uri`, artifacts served from `root`
+    (its GenAI job runner off: it starts 7 worker processes these tests have no use for)."""
     port = free_port()
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     log = (root / "server.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--serve-artifacts", "--artifacts-destination", str(root / "artifacts")],
+         "--backend-store-uri", backend_uri, "--serve-artifacts", "--artifacts-destination", str(root / "artifacts")],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -255,7 +255,7 @@ def mlflow_server(tmp_path_factory):
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-3000:]}")
             time.sleep(0.25)
-        yield url, root / "artifacts"
+        yield url
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its uvicorn worker
@@ -265,6 +265,14 @@ def mlflow_server(tmp_path_factory):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """`serve_mlflow` on a SQLite backend in tmp: (its URL, the artifacts folder)."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    with serve_mlflow(f"sqlite:///{root / 'server.db'}", root) as url:
+        yield url, root / "artifacts"
 
 
 def server_tracking(url: str, experiment: str, tmp_path: Path) -> list[str]:

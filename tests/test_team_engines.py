@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,7 +27,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from tests import postgres
-from tests.test_parallel_sweeps import LRS, OPTUNA_TINY, REPO, TINY, assert_clean, assert_lr_sweep, cli, free_port, overlapping, runs_of
+from tests.test_parallel_sweeps import LRS, OPTUNA_TINY, REPO, TINY, assert_clean, assert_lr_sweep, cli, overlapping, runs_of, serve_mlflow
 
 NO_POSTGRES = postgres.why_not()
 needs_postgres = pytest.mark.skipif(NO_POSTGRES is not None, reason=NO_POSTGRES or "")
@@ -60,42 +58,6 @@ def test_submitit_local_sweep_nests_its_jobs_under_one_parent_run(tmp_path, mlfl
 # an MLflow tracking server on PostgreSQL
 
 
-@contextmanager
-def mlflow_server(backend_uri: str, root: Path):
-    """`mlflow server` on a free loopback port over `backend_uri`, artifacts served from `root`."""
-    port = free_port()
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no GenAI job workers
-    log = (root / "server.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", backend_uri, "--serve-artifacts", "--artifacts-destination", str(root / "artifacts")],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its uvicorn worker
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        log.close()
-
-
 def read_csv(path: Path) -> list[dict]:
     import csv
 
@@ -110,7 +72,7 @@ def test_a_sweep_logs_into_a_postgresql_backed_server_and_the_report_reads_it_ba
     from mlflow.tracking import MlflowClient
 
     sweep = tmp_path / "sweep"
-    with postgres.postgres_server(["mlflow"]) as dbs, mlflow_server(dbs["mlflow"], tmp_path) as url:
+    with postgres.postgres_server(["mlflow"]) as dbs, serve_mlflow(dbs["mlflow"], tmp_path) as url:
         tracking = ["tracking=mlflow", f"tracking.uri={url}", "tracking.experiment=team", f"tracking.artifact_root={tmp_path / 'local_artifacts'}"]
         res = cli(["-m", f"train.lr={','.join(LRS)}", *tracking, *TINY, f"hydra.sweep.dir={sweep}"], tmp_path)
         assert_clean(res)
