@@ -13,6 +13,8 @@ already says (`scheduler=gpipe` beside `gpipe ...`) are left out.
 
 from __future__ import annotations
 
+from framework.config.schemas import swept_overrides
+
 MAX_NAME = 250  # MLflow's UI shows about this much; the tag `pipelab.overrides` keeps them all
 MAX_VALUE = 60  # one override's value in a name (a long list is cut with `...`)
 
@@ -47,7 +49,7 @@ def run_name(scheduler: str, model: str, cluster: str, overrides: list[str], swe
     base = f"{scheduler} {model} {cluster}"
     said = {"scheduler": scheduler, "model": model, "cluster": cluster}
     if sweep_keys:
-        chosen = [o for o in overrides if _key(o) in sweep_keys]
+        chosen = swept_overrides(overrides, sweep_keys)  # as a sweep job's folder names them
     else:
         chosen = [o for o in overrides if "=" in o and not noise(o)]
     chosen = [o for o in chosen if said.get(_key(o)) != o.split("=", 1)[1]]  # `scheduler=gpipe`: the name says it
