@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from framework.errors import PipelabError, one_line
+from framework.errors import PipelabError, ScheduleError, one_line
+from framework.pipeline.bubble import Durations, simulate
+from framework.pipeline.schedule_csv import dump_csv, dumps, loads
+from framework.pipeline.schedules import build
+from framework.pipeline.validate import check
 
 
 def _export(args) -> str:
-    from framework.pipeline.schedule_csv import dump_csv, dumps
-    from framework.pipeline.schedules import build
-    from framework.pipeline.validate import check
-
     order = build(args.name, args.stages, args.microbatches, args.stages_per_device)
     check(order)  # every built-in passes (tested); a schedule is never written unchecked
     if args.output is None:
@@ -35,10 +35,6 @@ def _export(args) -> str:
 
 
 def _check(args) -> str:
-    from framework.errors import ScheduleError
-    from framework.pipeline.bubble import Durations, simulate
-    from framework.pipeline.schedule_csv import loads
-
     try:
         with open(args.file) as f:
             text = f.read()

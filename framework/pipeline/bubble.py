@@ -11,6 +11,8 @@ Closed forms on D identical devices with free communication, each device busy M�
 P = T_F + T_I + T_W (T_B = T_I + T_W for a full backward), makespan T, bubble (T - M·P) / T:
 
 - GPipe and 1F1B: T = (M + D - 1)(T_F + T_B), so the bubble is (D-1)/(M+D-1) (GPipe's).
+- Interleaved 1F1B and looped BFS with V stages per device (durations per virtual stage), M >= D:
+  (D-1)/(V·M + D-1), Megatron-LM's (p-1)/(v·m) of the ideal time (Narayanan et al., SC 2021).
 - ZB-H1 (`zero_bubble`, one stage per device), M >= D:
       T = M·P + (D-1)·max(T_F + T_I - T_W, T_I, T_F),
   the longest of three dependency paths, each a lower bound on T, which the schedule meets:
@@ -24,7 +26,7 @@ P = T_F + T_I + T_W (T_B = T_I + T_W for a full backward), makespan T, bubble (T
   When T_W <= min(T_F, T_I), path 3 is the longest: the bubble is (D-1)(T_F+T_I-T_W) / T, the
   zero-bubble paper's ZB-H1 bubble (Qi et al., ICLR 2024, Sec. 3.1: "(p-1)(T_F+T_B-T_W)", their
   T_B being our T_I), a third of 1F1B's (D-1)(T_F+T_I+T_W) when the three are equal.
-  tests/test_schedule_bubble.py checks both to 1e-9.
+  tests/test_schedule_bubble.py checks these to 1e-9.
 
 A micro-batch is in flight on a stage from its forward until its last backward piece (B, or W
 when the backward is split); a device's count is the sum over its stages.
