@@ -26,7 +26,7 @@ from framework.pipeline.validate import check
 
 
 def _export(args) -> str:
-    order = build(args.name, args.stages, args.microbatches, args.stages_per_device)
+    order = build(args.name, args.stages, args.microbatches, args.stages_per_device, args.in_flight)
     check(order)  # every built-in passes (tested); a schedule is never written unchecked
     if args.output is None:
         return dumps(order).rstrip("\n")
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--stages", type=int, required=True, help="S: stages in the pipeline (on S / V devices)")
     ex.add_argument("--microbatches", type=int, required=True, help="M: micro-batches per flush")
     ex.add_argument("--stages-per-device", type=int, default=None, help="V (default: the schedule's own: 1, or 2 for looped_bfs, interleaved_1f1b, zbv and dualpipev)")
+    ex.add_argument("--in-flight", type=int, default=None, help="pipedream: items stage 0 admits before its first backward (default: one per stage)")
     ex.add_argument("-o", "--output", help="the CSV file to write (default: standard output)")
     ck = sub.add_parser("check", help="validate a schedule in torch's CSV format")
     ck.add_argument("file", help="one row per device, actions such as 0F0, 1B0, 2I0, 0W0")

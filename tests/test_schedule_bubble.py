@@ -8,6 +8,7 @@ longest of three dependency paths (derived in framework/pipeline/bubble.py's doc
 "Zero Bubble Pipeline Parallelism", ICLR 2024, Sec. 3.1): (D-1)(T_F + T_I - T_W) of idle time
 per device, against 1F1B's (D-1)(T_F + T_I + T_W).
 Interleaved 1F1B and looped BFS, V stages per device, M >= D: (D-1)/(V·M + D-1).
+ZBV and DualPipeV with T_F = T_I = T_W = 1: (D-1)/(6M + D-1), the pipeline's fill alone.
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ def test_virtual_stages_divide_the_bubble(name):
         for f, b in [(1.0, 2.0), (2.0, 1.0)]:
             sim = simulate(build(name, D * V, M, V), Durations(f, b / 2, b / 2))
             assert sim.bubble_frac == pytest.approx((D - 1) / (V * M + D - 1), abs=1e-9), (D, M, V, f, b)
+
+
+@pytest.mark.parametrize("name", ["zbv", "dualpipev"])
+def test_v_shaped_schedules_idle_only_while_the_pipeline_fills(name):
+    """T_F = T_I = T_W = 1 per stage, 2 stages per device: each device computes 6M and idles D-1,
+    the first forward's way to the last device (the zero-bubble paper's ZB-V claim, Sec. 6)."""
+    for D, M in [(2, 4), (2, 8), (3, 9), (4, 8), (4, 16)]:
+        sim = simulate(build(name, 2 * D, M), Durations(1, 1, 1))
+        assert sim.makespan == pytest.approx(6 * M + D - 1, abs=1e-9)
+        assert sim.bubble_frac == pytest.approx((D - 1) / (6 * M + D - 1), abs=1e-9)
 
 
 def test_peak_in_flight_per_schedule():

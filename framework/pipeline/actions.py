@@ -77,10 +77,6 @@ class StageAction(NamedTuple):
         return cls(stage, op, int(mb) if mb else None)
 
 
-def act(stage: int, op: str, mb: int | None = None) -> StageAction:
-    return StageAction(stage, Op(op), mb)
-
-
 @dataclass(frozen=True)
 class Placement:
     """Which device holds each stage: `device_of[s]`. Stage s talks only to s-1 and s+1; two

@@ -13,6 +13,8 @@ P = T_F + T_I + T_W (T_B = T_I + T_W for a full backward), makespan T, bubble (T
 - GPipe and 1F1B: T = (M + D - 1)(T_F + T_B), so the bubble is (D-1)/(M+D-1) (GPipe's).
 - Interleaved 1F1B and looped BFS with V stages per device (durations per virtual stage), M >= D:
   (D-1)/(V·M + D-1), Megatron-LM's (p-1)/(v·m) of the ideal time (Narayanan et al., SC 2021).
+- ZBV and DualPipeV with T_F = T_I = T_W = t per stage (2 per device): T = 6M·t + (D-1)·t, each
+  device idle only while the first forward reaches the last device.
 - ZB-H1 (`zero_bubble`, one stage per device), M >= D:
       T = M·P + (D-1)·max(T_F + T_I - T_W, T_I, T_F),
   the longest of three dependency paths, each a lower bound on T, which the schedule meets:
@@ -38,14 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from framework.errors import ScheduleError
-from framework.pipeline.actions import (
-    COMPUTE,
-    RECEIVES,
-    SENDS,
-    Op,
-    PipelineOrder,
-    StageAction,
-)
+from framework.pipeline.actions import COMPUTE, RECEIVES, SENDS, Op, PipelineOrder, StageAction
 from framework.pipeline.lowering import matching, peer
 from framework.pipeline.validate import check
 

@@ -23,11 +23,7 @@ from dataclasses import dataclass
 from framework.errors import ScheduleError
 from framework.pipeline.actions import PipelineOrder
 from framework.pipeline.schedules.flush import gpipe, one_f_one_b, pipedream
-from framework.pipeline.schedules.interleaved import (
-    interleaved_1f1b,
-    looped_bfs,
-    zero_bubble,
-)
+from framework.pipeline.schedules.interleaved import interleaved_1f1b, looped_bfs, zero_bubble
 from framework.pipeline.schedules.v_shape import dualpipev, zbv
 
 
@@ -51,8 +47,9 @@ BUILTIN: dict[str, Builtin] = {
 }
 
 
-def build(name: str, stages: int, microbatches: int, stages_per_device: int | None = None) -> PipelineOrder:
-    """Schedule `name` for `stages` stages (S / V devices) and `microbatches` micro-batches."""
+def build(name: str, stages: int, microbatches: int, stages_per_device: int | None = None, in_flight: int | None = None) -> PipelineOrder:
+    """Schedule `name` for `stages` stages (S / V devices) and `microbatches` micro-batches;
+    `in_flight`: PipeDream's items admitted before the first backward (default: one per stage)."""
     if name not in BUILTIN:
         raise ScheduleError(f"no built-in schedule {name!r}; choose one of {', '.join(BUILTIN)}")
     b = BUILTIN[name]
@@ -61,5 +58,9 @@ def build(name: str, stages: int, microbatches: int, stages_per_device: int | No
         raise ScheduleError(f"{name} runs {b.default_per_device} stage(s) per device, got {V}")
     if V < 1 or stages < V or stages % V:
         raise ScheduleError(f"{stages} stages do not spread over devices at {V} per device: S must be a positive multiple of V")
+    if in_flight is not None and name != "pipedream":
+        raise ScheduleError(f"in_flight is PipeDream's knob; {name} fixes its own warm-up")
     devices = stages // V
+    if name == "pipedream":
+        return pipedream(devices, microbatches, in_flight)
     return b.make(devices, microbatches) if b.fixed_per_device else b.make(devices, microbatches, V)

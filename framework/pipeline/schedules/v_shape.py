@@ -33,7 +33,9 @@ class _Program:
 
 def zbv(num_devices: int, microbatches: int) -> PipelineOrder:
     """ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Sec. 6): with T_F = T_I =
-    T_W the V placement and split backwards reach zero bubble at 1F1B's peak memory. Each device:
+    T_W = t per stage, the V placement and split backwards leave each device idle only (D-1)·t,
+    the time the first forward takes to reach the last device, at 1F1B's peak memory (2D stages of
+    half a layer-stack each in flight per device; framework.pipeline.bubble). Each device:
     a warm-up of forwards down the V (2(D-d)-1 on its first stage, then d pairs of both), then
     (D-d) rounds of F, I, W on its second stage, a steady state of F, I, W on each stage in turn,
     and a cool-down of the remaining input gradients and then weight gradients.
