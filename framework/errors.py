@@ -30,6 +30,16 @@ class DeadlockError(PipelabError):
     """Every role waits on something that will never arrive."""
 
 
+class ScheduleError(PipelabError):
+    """A pipeline schedule (its per-device programs of actions) cannot run as written: the message
+    names its first problem in one line (framework.pipeline.validate). A config that names the
+    schedule (a CSV file) reports it as `ConfigError(<key>, error.message)`."""
+
+    def __init__(self, message: str):
+        self.message = message
+        super().__init__(message)
+
+
 # ---- one line -----------------------------------------------------------------------------------
 
 LINE_MAX = 300  # the most characters of one printed error line, `error: ` included (bad input is one line)

@@ -1,4 +1,14 @@
 """Pipeline-parallel training: the scheduler a schedule plugin subclasses (`scheduler`), the
 action vocabulary and schedules as data (`schedule`), the stage role (`stage`), the plan and what
 it costs (`plan`, `cost`, `timing`, `partition`), and what happens between epochs (`repartition`,
-`epoch_end`)."""
+`epoch_end`).
+
+Schedules as torch.distributed.pipelining writes them, `(stage, op, micro-batch)` per device
+(issue 48; the stages do not run them yet): the actions (`actions`), every built-in schedule's
+generator (`schedules`), sends and receives (`lowering`), the validator (`validate`), torch's CSV
+format (`schedule_csv`: `load_csv`, `dump_csv`, re-exported here) and bubble and in-flight
+activations on given durations (`bubble`)."""
+
+from framework.pipeline.schedule_csv import dump_csv, load_csv
+
+__all__ = ["dump_csv", "load_csv"]
