@@ -6,9 +6,6 @@ it costs (`plan`, `cost`, `timing`, `partition`), and what happens between epoch
 Schedules as torch.distributed.pipelining writes them, `(stage, op, micro-batch)` per device
 (issue 48; the stages do not run them yet): the actions (`actions`), every built-in schedule's
 generator (`schedules`), sends and receives (`lowering`), the validator (`validate`), torch's CSV
-format (`schedule_csv`: `load_csv`, `dump_csv`, re-exported here) and bubble and in-flight
-activations on given durations (`bubble`)."""
-
-from framework.pipeline.schedule_csv import dump_csv, load_csv
-
-__all__ = ["dump_csv", "load_csv"]
+format (`schedule_csv`: `load_csv`, `dump_csv`) and bubble and in-flight activations on given
+durations (`bubble`). Like every room's, this `__init__` imports nothing: importing a room costs
+nothing until a module of it is used."""
