@@ -14,8 +14,8 @@ by experiments/bench_startup.py). pipelab compiles nothing, so:
   update (the one torch.optim.SGD picks on the CPU) under `torch.no_grad()`, without the
   compiler wrapper: the same arithmetic, bit for bit (tests/test_startup.py), the same state
   (`momentum_buffer`), the same state_dict. Other devices take torch's own `step`.
-- `backward(out, grad)` and `grad(outs, inputs, grads)` are `torch.autograd.backward` /
-  `torch.autograd.grad` with a given output gradient, without the shape check that imports
+- `backward(out, grad)`, `grad(outs, inputs, grads)` and `grad_from_edges(edges, grads, inputs)` are
+  `torch.autograd.backward` / `torch.autograd.grad` with given output gradients, without the shape check that imports
   `torch.fx.experimental.symbolic_shapes` and with it sympy (0.5 s at a pipeline stage's first
   backward; the check exists for symbolic and nested shapes, which a stage never has). They check
   the shapes themselves and call the same autograd engine entry point; where that is missing
@@ -146,3 +146,14 @@ def grad(outs: torch.Tensor, inputs: list[torch.Tensor], grads: torch.Tensor | N
     if grads is None or not _plain((outs,), (grads,)):
         return torch.autograd.grad(outs, inputs, grads, retain_graph=retain_graph, allow_unused=True)
     return _run_backward((outs,), (grads,), retain_graph, False, tuple(inputs), True, accumulate_grad=False)
+
+
+def grad_from_edges(edges: list, grads: list[torch.Tensor], inputs: list[torch.Tensor], retain_graph: bool = False) -> tuple:
+    """torch.autograd.grad(edges, inputs, grads, retain_graph) from `GradientEdge`s inside a graph
+    (a split backward's weight gradient, framework/pipeline/split_backward.py; see the module docstring)."""
+    plain = _run_backward is not None and all(
+        isinstance(g, torch.Tensor) and not g.is_nested and g.shape == torch.Size(e.node._input_metadata[e.output_nr].shape) for e, g in zip(edges, grads, strict=True)
+    )
+    if not plain:
+        return torch.autograd.grad(edges, inputs, grads, retain_graph=retain_graph)
+    return _run_backward(tuple(edges), tuple(grads), retain_graph, False, tuple(inputs), False, accumulate_grad=False)
