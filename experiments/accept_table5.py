@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments import accept_paper as paper  # noqa: E402
 from experiments import accept_planning as planning  # noqa: E402
+from experiments import figure_data  # noqa: E402
 from experiments.verdicts import Claim, Ordering, as_json, print_verdicts, verdict_table  # noqa: E402
 
 METHODS = {
@@ -140,6 +141,7 @@ def plot(cells: dict, scenarios, bandwidths, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 3.6), squeeze=False)
     bws = sorted(bandwidths)
+    data = {"figure": "accept speed-up over FTPipeHD against bandwidth (Mbit/s), ours and the paper's (band: +-20 %)", "bandwidths": bws, "scenarios": {}}
     for ax, sc in zip(axes[0], scenarios):
         for m, color, style in (("blc", "C1", dict(marker="s", ms=5)), ("lp", "C2", dict(marker="s", ms=5)), ("accept", "C0", dict(marker="o", ms=9, mfc="none"))):
             ours = [cells[(sc, bw, "ftpipehd")]["epoch_s"] / cells[(sc, bw, m)]["epoch_s"] for bw in bws]
@@ -147,6 +149,7 @@ def plot(cells: dict, scenarios, bandwidths, path: Path) -> None:
             ref = paper.speedups(sc, m)
             pb = [bw for bw in bws if bw in paper.BANDWIDTHS]
             pv = [ref[paper.BANDWIDTHS.index(bw)] for bw in pb]
+            data["scenarios"].setdefault(sc, {})[paper.METHOD_NAMES[m]] = {"ours": ours, "paper_bandwidths": pb, "paper": pv}
             ax.plot(pb, pv, "--", color=color, lw=1, label=f"{paper.METHOD_NAMES[m]}, paper")
             ax.fill_between(pb, [0.8 * v for v in pv], [1.2 * v for v in pv], color=color, alpha=0.12, lw=0)
         ax.axhline(1.0, color="grey", lw=0.8)
@@ -157,7 +160,7 @@ def plot(cells: dict, scenarios, bandwidths, path: Path) -> None:
         ax.set_title(f"scenario {sc[-1]} (shaded: paper +-20 %)", fontsize=9)
         ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    figure_data.save(fig, path, data, dpi=110)
     plt.close(fig)
 
 
