@@ -2,6 +2,7 @@
 
     python experiments/accept_table5.py                  # the full form: 469 mini-batches per epoch (about 25 minutes)
     python experiments/accept_table5.py --quick          # 40 mini-batches per epoch (about 4 minutes)
+    python experiments/accept_table5.py --no-planning    # Table 5 and its figure alone (about 2 minutes once the predictor is cached)
     python experiments/accept_table5.py --in-flight 5    # a depth other than the preset's (not the paper's mechanism)
     python experiments/accept_table5.py --quick scheduler.partition=search   # any override, for every run (a what-if)
 
@@ -170,17 +171,19 @@ def main() -> int:
     ap.add_argument("--bandwidths", type=float, nargs="+", default=list(paper.BANDWIDTHS), help="Mbit/s")
     ap.add_argument("--in-flight", type=int, default=None, help="scheduler.in_flight (default: the preset's, one per stage)")
     ap.add_argument("--quick", action="store_true", help="the synthetic set's 5000 samples per epoch (40 mini-batches) instead of 60000")
+    ap.add_argument("--no-planning", dest="planning", action="store_false", help="Table 5 alone: skip Tables 2 and 4.2.2, Fig. 4 and the predictors' accuracy")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "accept_table5")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (a what-if beside the preset, e.g. scheduler.partition=search)")
     args = ap.parse_args()
     EXTRA[:] = args.overrides
     scenarios = args.scenario or list(SCENARIOS)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python experiments/accept_table5.py" + (" --quick" if args.quick else "") + (f" --in-flight {args.in_flight}" if args.in_flight else "") + "".join(f" {o}" for o in args.overrides)
+    command = ("python experiments/accept_table5.py" + (" --quick" if args.quick else "") + ("" if args.planning else " --no-planning")
+               + (f" --in-flight {args.in_flight}" if args.in_flight else "") + "".join(f" {o}" for o in args.overrides))
     t0 = time.perf_counter()
     cells = grid(scenarios, args.bandwidths, args.quick, args.in_flight, args.out)
     claims = table5_claims(cells, scenarios, args.bandwidths, command)
-    plan = planning.study(scenarios, args.quick, args.in_flight, args.out / "planning", command)
+    plan = planning.study(scenarios, args.quick, args.in_flight, args.out / "planning", command) if args.planning else {"claims": [], "lines": [], "results": {}}
     claims += plan["claims"]
     plot(cells, scenarios, args.bandwidths, args.out / "speedup_vs_bandwidth.png")
     print_verdicts("AccEPT, Table 5 and planning", claims)
