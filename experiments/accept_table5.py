@@ -29,7 +29,8 @@ the orderings the paper states, and (experiments/accept_planning.py) Table 4.2.2
 Table 2's partition points, Fig. 4's per-layer error and the predictors' accuracy on the scenario
 devices (Fig. 7's unseen Xeon Gold 6133 is scenario 1's worker). Writes <out>/report.md,
 results.json and speedup_vs_bandwidth.png (the sensitivity: each method's speed-up against
-bandwidth, ours beside the paper's with its +-20 % band).
+bandwidth, ours beside the paper's with its +-20 % band), with its data beside it
+(speedup_vs_bandwidth.json: the plotted numbers, experiments/figure_data.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ beside them, or checked against them.
     python experiments/docs_figures.py            # run every command; rewrite the figures, their data and the quoted lines
     python experiments/docs_figures.py --check    # run every command; exit 1 naming each figure or quote that differs
     python experiments/docs_figures.py --list     # what is covered, by which command; the studies' figures
-    python experiments/docs_figures.py --check --studies   # the studies' timing figures: their parts run again (about 25 min on 2 cores)
+    python experiments/docs_figures.py --check --studies   # the studies' timing figures: their parts run again (about 11 min of one core)
     python experiments/docs_figures.py --studies  # run those parts; rewrite their figures and data in docs/reproductions/
 
 Each figure's data is committed beside it (`docs/report_epoch_time.json` beside
@@ -21,7 +21,7 @@ changes a number. Each command must appear verbatim in its page (tests/test_docs
 The reproduction studies' figures (docs/reproductions/<study>/, experiments/docs_study_figures.py)
 have their data beside them too, written by the study. With `--studies` this script runs, for
 every figure whose numbers are timing on the virtual clock, the part of its study that draws it
-(`--only <part>` into a temporary `--out`) and compares or copies its data; the figures drawn
+(a command `--list` shows, into a temporary `--out`) and compares or copies its data; the figures drawn
 from training keep the data of the full run that drew them (`--list` says which, why, and how
 long their study takes).
 """
@@ -247,7 +247,7 @@ def studies(figures: list[StudyFigure], check: bool, jobs: int) -> list[str]:
 
 def list_studies() -> None:
     for f in STUDY_FIGURES:
-        how = f"checked by --studies: `{f.part}` (about {f.minutes:g} min on 2 cores)" if f.part else f"not checked, its data are the full run's: {f.why}"
+        how = f"checked by --studies: `{f.part}` (about {f.minutes:g} min of one core{'; ' + f.note if f.note else ''})" if f.part else f"not checked, its data are the full run's: {f.note}"
         print(f"{f.png} (data {Path(f.png).with_suffix('.json').name}), drawn by `{f.command}`:\n  {how}")
 
 

@@ -6,8 +6,8 @@ that shows it, with its data committed beside it; the epoch-time figure's data r
 this process (the sweep's nine timing-only runs, then the report's plot) equals the committed
 data; the comparison names a stale value (the figure as it stood before, 9.68 s at 1 Mbit/s).
 Slow: `experiments/docs_figures.py --check` itself, every command as a user runs it; and
-`--check --studies`, the reproduction studies' parts that draw their timing figures (about 25 minutes
-on 2 cores: not in .ci/run). Fast: every study figure in docs/reproductions/ is listed with its
+`--check --studies`, the reproduction studies' parts that draw their timing figures (11 CPU minutes,
+19 minutes wall on 2 loaded cores: not in .ci/run). Fast: every study figure in docs/reproductions/ is listed with its
 study's command and has its data committed beside it.
 """
 
@@ -70,7 +70,7 @@ def test_every_study_figure_is_listed_with_its_data_and_its_studys_command():
         assert f.command in page, f"docs/reproductions.md does not show `{f.command}`, which draws {f.png}"
         script = f.command.split()[1]
         assert f.part is None or f.part.split()[1] == script, f"{f.name}: the check's part `{f.part}` is not {script}"
-        assert f.part or f.why, f"{f.name}: an unchecked figure says why"
+        assert f.part or f.note, f"{f.name}: an unchecked figure says why"
     assert len({f.name for f in STUDY_FIGURES}) == len(STUDY_FIGURES)
 
 
@@ -133,7 +133,7 @@ def test_docs_figures_match_their_commands():
     assert f"{len(docs_figures.FIGURES)} figure(s) and 0 quoted output(s) match their commands" in res.stdout
 
 
-@pytest.mark.slow  # the studies' timing parts as a user runs them, two at a time: about 25 minutes on 2 idle cores (see docs/tests.md): not in .ci/run
+@pytest.mark.slow  # the studies' timing parts as a user runs them, two at a time: 11 CPU minutes (see docs/tests.md): not in .ci/run
 def test_the_study_figures_match_their_studies():
     checked = [f for f in STUDY_FIGURES if f.part]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
