@@ -134,7 +134,7 @@ def test_docs_figures_match_their_commands():
 
 
 @pytest.mark.slow  # the studies' timing parts as a user runs them, two at a time: 11 CPU minutes (see docs/tests.md): not in .ci/run
-def test_the_study_figures_match_their_studies():
+def test_the_studies_timing_figures_are_what_their_parts_draw():
     checked = [f for f in STUDY_FIGURES if f.part]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "experiments/docs_figures.py", "--check", "--studies", "--jobs", "2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3 * 3600)
