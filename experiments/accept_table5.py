@@ -2,6 +2,7 @@
 
     python experiments/accept_table5.py                  # the full form: 469 mini-batches per epoch (about 25 minutes)
     python experiments/accept_table5.py --quick          # 40 mini-batches per epoch (about 4 minutes)
+    python experiments/accept_table5.py --no-planning    # Table 5 and its figure alone (about 2 minutes once the predictor is cached)
     python experiments/accept_table5.py --in-flight 5    # a depth other than the preset's (not the paper's mechanism)
     python experiments/accept_table5.py --quick scheduler.partition=search   # any override, for every run (a what-if)
 
@@ -28,7 +29,8 @@ the orderings the paper states, and (experiments/accept_planning.py) Table 4.2.2
 Table 2's partition points, Fig. 4's per-layer error and the predictors' accuracy on the scenario
 devices (Fig. 7's unseen Xeon Gold 6133 is scenario 1's worker). Writes <out>/report.md,
 results.json and speedup_vs_bandwidth.png (the sensitivity: each method's speed-up against
-bandwidth, ours beside the paper's with its +-20 % band).
+bandwidth, ours beside the paper's with its +-20 % band), with its data beside it
+(speedup_vs_bandwidth.json: the plotted numbers, experiments/figure_data.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments import accept_paper as paper  # noqa: E402
 from experiments import accept_planning as planning  # noqa: E402
+from experiments import figure_data  # noqa: E402
 from experiments.verdicts import Claim, Ordering, as_json, print_verdicts, verdict_table  # noqa: E402
 
 METHODS = {
@@ -140,6 +143,7 @@ def plot(cells: dict, scenarios, bandwidths, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 3.6), squeeze=False)
     bws = sorted(bandwidths)
+    data = {"figure": "accept speed-up over FTPipeHD against bandwidth (Mbit/s), ours and the paper's (band: +-20 %)", "bandwidths": bws, "scenarios": {}}
     for ax, sc in zip(axes[0], scenarios):
         for m, color, style in (("blc", "C1", dict(marker="s", ms=5)), ("lp", "C2", dict(marker="s", ms=5)), ("accept", "C0", dict(marker="o", ms=9, mfc="none"))):
             ours = [cells[(sc, bw, "ftpipehd")]["epoch_s"] / cells[(sc, bw, m)]["epoch_s"] for bw in bws]
@@ -147,6 +151,7 @@ def plot(cells: dict, scenarios, bandwidths, path: Path) -> None:
             ref = paper.speedups(sc, m)
             pb = [bw for bw in bws if bw in paper.BANDWIDTHS]
             pv = [ref[paper.BANDWIDTHS.index(bw)] for bw in pb]
+            data["scenarios"].setdefault(sc, {})[paper.METHOD_NAMES[m]] = {"ours": ours, "paper_bandwidths": pb, "paper": pv}
             ax.plot(pb, pv, "--", color=color, lw=1, label=f"{paper.METHOD_NAMES[m]}, paper")
             ax.fill_between(pb, [0.8 * v for v in pv], [1.2 * v for v in pv], color=color, alpha=0.12, lw=0)
         ax.axhline(1.0, color="grey", lw=0.8)
@@ -157,7 +162,7 @@ def plot(cells: dict, scenarios, bandwidths, path: Path) -> None:
         ax.set_title(f"scenario {sc[-1]} (shaded: paper +-20 %)", fontsize=9)
         ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    figure_data.save(fig, path, data, dpi=110)
     plt.close(fig)
 
 
@@ -167,17 +172,19 @@ def main() -> int:
     ap.add_argument("--bandwidths", type=float, nargs="+", default=list(paper.BANDWIDTHS), help="Mbit/s")
     ap.add_argument("--in-flight", type=int, default=None, help="scheduler.in_flight (default: the preset's, one per stage)")
     ap.add_argument("--quick", action="store_true", help="the synthetic set's 5000 samples per epoch (40 mini-batches) instead of 60000")
+    ap.add_argument("--no-planning", dest="planning", action="store_false", help="Table 5 alone: skip Tables 2 and 4.2.2, Fig. 4 and the predictors' accuracy")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "accept_table5")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (a what-if beside the preset, e.g. scheduler.partition=search)")
     args = ap.parse_args()
     EXTRA[:] = args.overrides
     scenarios = args.scenario or list(SCENARIOS)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python experiments/accept_table5.py" + (" --quick" if args.quick else "") + (f" --in-flight {args.in_flight}" if args.in_flight else "") + "".join(f" {o}" for o in args.overrides)
+    command = ("python experiments/accept_table5.py" + (" --quick" if args.quick else "") + ("" if args.planning else " --no-planning")
+               + (f" --in-flight {args.in_flight}" if args.in_flight else "") + "".join(f" {o}" for o in args.overrides))
     t0 = time.perf_counter()
     cells = grid(scenarios, args.bandwidths, args.quick, args.in_flight, args.out)
     claims = table5_claims(cells, scenarios, args.bandwidths, command)
-    plan = planning.study(scenarios, args.quick, args.in_flight, args.out / "planning", command)
+    plan = planning.study(scenarios, args.quick, args.in_flight, args.out / "planning", command) if args.planning else {"claims": [], "lines": [], "results": {}}
     claims += plan["claims"]
     plot(cells, scenarios, args.bandwidths, args.out / "speedup_vs_bandwidth.png")
     print_verdicts("AccEPT, Table 5 and planning", claims)

@@ -21,7 +21,8 @@ the headline to the link, and two-sided verdicts for every claim of the paper.
    fp32 (the group owner alone: fp32 over n workers is the same minibatch SGD, tested) and 1-bit
    over n = 2, 3, 4 workers; `runtime.threads=1`.
 
-Writes <out>/report.md, results.json, scaling.png and sensitivity.png; prints the verdicts
+Writes <out>/report.md, results.json, scaling.png and sensitivity.png (each with its plotted numbers
+beside it as .json, experiments/figure_data.py); prints the verdicts
 (experiments/adalearner_claims.py). The exit status is 0 whatever the verdicts: a miss is a finding.
 """
 

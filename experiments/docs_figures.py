@@ -4,6 +4,8 @@ beside them, or checked against them.
     python experiments/docs_figures.py            # run every command; rewrite the figures, their data and the quoted lines
     python experiments/docs_figures.py --check    # run every command; exit 1 naming each figure or quote that differs
     python experiments/docs_figures.py --list     # what is covered, by which command; the studies' figures
+    python experiments/docs_figures.py --check --studies   # the studies' timing figures: their parts run again (about 11 min of one core)
+    python experiments/docs_figures.py --studies  # run those parts; rewrite their figures and data in docs/reproductions/
 
 Each figure's data is committed beside it (`docs/report_epoch_time.json` beside
 `docs/report_epoch_time.png`): the values it plots, at 6 significant digits, written by the
@@ -16,8 +18,12 @@ thread count (the docs' numbers are torch's default on 2 cores); its times are v
 The commands run as the docs show them, with only where they write added (`hydra.run.dir` or
 `hydra.sweep.dir` in a temporary folder, `tracking=none`, `runtime.progress=false`): none of these
 changes a number. Each command must appear verbatim in its page (tests/test_docs_figures.py).
-The reproduction studies' figures (docs/reproductions/) take many minutes each: `--list` names
-the study command that redraws each; this script does not run them.
+The reproduction studies' figures (docs/reproductions/<study>/, experiments/docs_study_figures.py)
+have their data beside them too, written by the study. With `--studies` this script runs, for
+every figure whose numbers are timing on the virtual clock, the part of its study that draws it
+(a command `--list` shows, into a temporary `--out`) and compares or copies its data; the figures drawn
+from training keep the data of the full run that drew them (`--list` says which, why, and how
+long their study takes).
 """
 
 from __future__ import annotations
@@ -25,16 +31,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from experiments.docs_study_figures import STUDY_FIGURES, StudyFigure, parts  # noqa: E402
+
 DOCS = REPO / "docs"
 WHERE = ("tracking=none", "runtime.progress=false")  # where a run writes and what it shows: no number changes
 # torch's sums, and with them the last digits of a trained model's val/acc, depend on its thread
@@ -135,15 +145,6 @@ FIGURES = (
 
 QUOTES = (Quote("default_run", ("README.md", "docs/index.md"), "python -m framework", ("epoch ", "gpipe: virtual time ")),)
 
-# Figures drawn by the reproduction studies (many minutes each, some an hour): redrawn by their
-# study, copied by hand into docs/reproductions/, not run here.
-STUDIES = {
-    "docs/reproductions/pipar/": "python experiments/pipar_study.py --accuracy (without --accuracy and with --reuse: everything but the accuracy part again)",
-    "docs/reproductions/accept/": "python experiments/accept_table5.py",
-    "docs/reproductions/adalearner/": "python experiments/adalearner_study.py",
-    "docs/reproductions/edgepipe/": "python experiments/edgepipe_study.py (--resume: the runs already done kept)",
-    "docs/reproductions/feature_replay/": "python experiments/feature_replay_study.py (--reuse: the parts already done kept)",
-}
 
 
 def quoted_lines(q: Quote, tmp: Path) -> list[str]:
@@ -209,6 +210,47 @@ def regenerate_figure(fig: Figure, tmp: Path) -> None:
     fig.data.write_text(json.dumps(data, indent=1) + "\n")
 
 
+def study_part(part: str, figures: list[StudyFigure], tmp: Path, check: bool) -> list[str]:
+    """Run one study part into `tmp`; compare the data of the figures it draws with the committed
+    ones (check) or copy each figure and its data into docs/reproductions/."""
+    t0 = time.perf_counter()
+    try:
+        run(python_args(part) + ["--out", str(tmp)])
+    except RuntimeError as e:
+        return [f"{', '.join(f.png for f in figures)}: {e}"]
+    problems = []
+    for f in figures:
+        drawn, data = tmp / f.file, (tmp / f.file).with_suffix(".json")
+        if not data.is_file():
+            problems.append(f"{f.png}: `{part}` drew no {data.name}")
+        elif check:
+            committed = REPO / Path(f.png).with_suffix(".json")
+            if not committed.is_file():
+                problems.append(f"{f.png}: no committed data ({committed.relative_to(REPO)}); run experiments/docs_figures.py --studies")
+                continue
+            diffs = differences(json.loads(committed.read_text()), json.loads(data.read_text()))
+            problems += [f"{f.png}: {d}" for d in diffs[:8]] + ([f"{f.png}: ... and {len(diffs) - 8} more"] if len(diffs) > 8 else [])
+        else:
+            shutil.copyfile(drawn, REPO / f.png)
+            shutil.copyfile(data, REPO / Path(f.png).with_suffix(".json"))
+    print(f"{part}: {'checked' if check else 'regenerated'} {', '.join(f.name for f in figures)} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    return problems
+
+
+def studies(figures: list[StudyFigure], check: bool, jobs: int) -> list[str]:
+    """Every part that draws one of `figures`, `jobs` at a time."""
+    todo = parts(figures)
+    with tempfile.TemporaryDirectory(prefix="docs_study_figures_") as tmp, ThreadPoolExecutor(max_workers=jobs) as pool:
+        runs = [pool.submit(study_part, part, figs, Path(tmp) / str(i), check) for i, (part, figs) in enumerate(todo.items())]
+        return [p for r in runs for p in r.result()]
+
+
+def list_studies() -> None:
+    for f in STUDY_FIGURES:
+        how = f"checked by --studies: `{f.part}` (about {f.minutes:g} min of one core{'; ' + f.note if f.note else ''})" if f.part else f"not checked, its data are the full run's: {f.note}"
+        print(f"{f.png} (data {Path(f.png).with_suffix('.json').name}), drawn by `{f.command}`:\n  {how}")
+
+
 def regenerate_quote(q: Quote, tmp: Path) -> None:
     lines = quoted_lines(q, tmp)  # one run serves every page
     for page in q.pages:
@@ -226,15 +268,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare with the committed data and quotes; change nothing")
     ap.add_argument("--list", action="store_true", help="list the figures and quotes, their commands, and the studies' figures")
-    ap.add_argument("--only", action="append", choices=[f.name for f in FIGURES] + [q.name for q in QUOTES])
+    ap.add_argument("--studies", action="store_true", help="the reproduction studies' timing figures instead: run the parts that draw them")
+    ap.add_argument("--jobs", type=int, default=1, help="with --studies: parts run at once (each takes one core)")
+    ap.add_argument("--only", action="append", choices=[f.name for f in FIGURES] + [q.name for q in QUOTES] + [f.name for f in STUDY_FIGURES if f.part])
     args = ap.parse_args(argv)
     if args.list:
         for f in FIGURES:
             print(f"{f.png} (data {f.data.relative_to(REPO)}), shown in {f.page}:\n  " + "\n  ".join(f.commands))
         for q in QUOTES:
             print(f"the output of `{q.command}` quoted in {', '.join(q.pages)}")
-        for folder, command in STUDIES.items():
-            print(f"{folder}*.png: drawn by a study, not run here: {command}")
+        list_studies()
+        return 0
+    if args.studies or any(f.name in (args.only or []) for f in STUDY_FIGURES):
+        chosen = [f for f in STUDY_FIGURES if f.part and (not args.only or f.name in args.only)]
+        problems = studies(chosen, args.check, args.jobs)
+        if problems:
+            print("the studies' figures differ from what their parts draw now (python experiments/docs_figures.py --studies redraws them):")
+            print("\n".join(f"  {p}" for p in problems))
+            return 1
+        print(f"{len(chosen)} study figure(s) {'match their studies' if args.check else 'regenerated'}")
         return 0
     figures = [f for f in FIGURES if not args.only or f.name in args.only]
     quotes = [q for q in QUOTES if not args.only or q.name in args.only]

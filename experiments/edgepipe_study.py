@@ -34,7 +34,8 @@ partition, the traffic, the cluster's compute beside Table II and the mapping's 
 Prints two-sided verdicts (experiments/verdicts.py) for every claim of the notes
 (experiments/edgepipe_claims.py), the planner's predicted epoch beside the simulated one, and
 writes <out>/report.md, verdicts.md (the table with the command, for docs/reproductions.md),
-results.json, records/ (one JSON per run) and the plots.
+results.json, records/ (one JSON per run) and the plots (each with its plotted numbers beside it
+as .json, experiments/figure_data.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ Parts (experiments/feature_replay_runs.py; all on the virtual clock, so determin
 - adaptivity: a TX2 under a 30-iteration bandwidth drop and a one-iteration dip (AC-6).
 
 Prints a two-sided verdict for every claim of the notes (experiments/verdicts.py) and writes
-<out>/report.md, <out>/results.json and PNG plots.
+<out>/report.md, <out>/results.json and PNG plots (each with its plotted numbers beside it as
+.json, experiments/figure_data.py).
 """
 
 from __future__ import annotations

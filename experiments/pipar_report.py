@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments import figure_data
 from experiments.pipar_claims import DATA_LABEL, NET_LABEL, NETS, TABLE7
 
 SCHEDS = ["fl", "sfl", "pipar"]
@@ -87,9 +88,9 @@ def plots(results: dict, out: Path) -> list[str]:
 
     made = []
 
-    def save(fig, name: str) -> None:
+    def save(fig, name: str, data: dict) -> None:
         fig.tight_layout()
-        fig.savefig(out / name, dpi=100)
+        figure_data.save(fig, out / name, data, dpi=100)
         plt.close(fig)
         made.append(name)
 
@@ -97,33 +98,43 @@ def plots(results: dict, out: Path) -> list[str]:
     if k in results.get("speed", {}):
         sp = results["speed"][k]
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        data = {"figure": "pipar speed: VGG-5, CIFAR-10, per network", "K": int(k), "networks": [NET_LABEL[n] for n in NETS], "bars": {}}
         for ax, key, title in zip(axes, ("epoch_s", "server_idle_s", "device_idle_s"), ("time per epoch (s)", "server idle per epoch (s)", "mean device idle per epoch (s)")):
             for i, s in enumerate(SCHEDS):
-                ax.bar([x + 0.27 * i for x in range(3)], [sp[("synthetic_cifar10", n, s)][key] for n in NETS], 0.27, label={"fl": "FL", "sfl": "SFL", "pipar": "PiPar"}[s])
+                heights = [sp[("synthetic_cifar10", n, s)][key] for n in NETS]
+                data["bars"].setdefault(key, {})[s] = heights
+                ax.bar([x + 0.27 * i for x in range(3)], heights, 0.27, label={"fl": "FL", "sfl": "SFL", "pipar": "PiPar"}[s])
             ax.set_xticks([x + 0.27 for x in range(3)], [NET_LABEL[n] for n in NETS])
             ax.set_title(f"VGG-5, CIFAR-10, K = {k}: {title}", fontsize=9)
         axes[0].legend(fontsize=8)
-        save(fig, "speed.png")
+        save(fig, "speed.png", data)
     if "sensitivity" in results:
         sens = results["sensitivity"]
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        data = {"figure": "pipar sensitivity: T_FL / T_PiPar and T_SFL / T_PiPar against K, VGG-5, CIFAR-10", "paper_bands": {"fl": [1.4, 3.4], "sfl": [1.4, 2.0]}, "networks": {}}
         for ax, net in zip(axes, ("pipar_4g", "pipar_wifi")):
             ks = sorted(k_ for n, k_ in sens if n == net)
+            data["networks"][NET_LABEL[net]] = panel = {"K": ks}
             for s, paper in (("fl", (1.4, 3.4)), ("sfl", (1.4, 2.0))):
-                line = ax.plot(ks, [sens[(net, k_)][s] / sens[(net, k_)]["pipar"] for k_ in ks], marker="o", label=f"T_{s.upper()} / T_PiPar")[0]
+                panel[f"{s}_over_pipar"] = ratios = [sens[(net, k_)][s] / sens[(net, k_)]["pipar"] for k_ in ks]
+                line = ax.plot(ks, ratios, marker="o", label=f"T_{s.upper()} / T_PiPar")[0]
                 ax.axhspan(*paper, color=line.get_color(), alpha=0.12)
             ax.axvline(100, color="grey", lw=0.8, ls=":")
             ax.set_xscale("log")
             ax.set_xlabel("devices K")
             ax.set_title(f"VGG-5, CIFAR-10, {NET_LABEL[net]} (bands: the paper's ranges)", fontsize=9)
             ax.legend(fontsize=8)
-        save(fig, "sensitivity.png")
+        save(fig, "sensitivity.png", data)
     if "selection" in results:
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+        data = {"figure": "pipar selection: epoch (s) against N at the optimal P; opt, auto's and paper's (N, T) where their P is the optimal one", "panels": {}}
         for ax, (model, ds) in zip(axes, (("vgg5", "synthetic_mnist"), ("vgg5", "synthetic_cifar10"), ("mobilenetv3_small", "synthetic_cifar10"))):
+            panel = data["panels"][f"{model}, {DATA_LABEL[ds]}"] = {}
             for net in NETS:
                 a, q = results["selection"]["auto"][(model, ds, net)], results["selection"]["paper"][(model, ds, net)]
                 ns, ts = zip(*a["curve"])
+                panel[NET_LABEL[net]] = {"P_opt": a["P_opt"], "curve": [list(c) for c in a["curve"]], "opt": [a["N_opt"], a["T_opt"]],
+                                         "auto": [a["N"], a["T"]] if a["P"] == a["P_opt"] else None, "paper": [q["N"], q["T"]] if q["P"] == q["P_opt"] else None}
                 line = ax.plot(ns, ts, label=NET_LABEL[net], lw=1)[0]
                 ax.plot([a["N_opt"]], [a["T_opt"]], "*", color=line.get_color(), ms=11)
                 if a["P"] == a["P_opt"]:
@@ -134,14 +145,16 @@ def plots(results: dict, out: Path) -> list[str]:
             ax.set_xlabel("N")
             ax.set_title(f"{model}, {DATA_LABEL[ds]}: epoch vs N at P_opt (* opt, o auto, x paper)", fontsize=8)
         axes[0].legend(fontsize=8)
-        save(fig, "selection.png")
+        save(fig, "selection.png", data)
     if results.get("accuracy"):
         acc = results["accuracy"]
         fig, ax = plt.subplots(figsize=(5, 3.4))
-        for (data, s), r in acc.items():
-            ax.plot(range(1, len(r["val_loss"]) + 1), r["val_loss"], marker=".", label=f"{s} ({data})")
+        data = {"figure": "pipar accuracy: validation loss per epoch", "val_loss": {}}
+        for (dataset, s), r in acc.items():
+            data["val_loss"][f"{s} ({dataset})"] = r["val_loss"]
+            ax.plot(range(1, len(r["val_loss"]) + 1), r["val_loss"], marker=".", label=f"{s} ({dataset})")
         ax.set_xlabel("epoch")
         ax.set_title("validation loss", fontsize=9)
         ax.legend(fontsize=8)
-        save(fig, "accuracy.png")
+        save(fig, "accuracy.png", data)
     return made

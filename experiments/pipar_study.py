@@ -29,7 +29,8 @@ each constant sourced in docs/calibration.md. Every part runs on the virtual clo
 
 Every run's plan predicts its epoch (plan/predicted_epoch_s): the report tables predicted against
 simulated for every configuration. Claims (experiments/pipar_claims.py) are printed as two-sided
-verdicts and written to <out>/report.md with <out>/results.json and PNG plots.
+verdicts and written to <out>/report.md with <out>/results.json and PNG plots (each with its
+plotted numbers beside it as .json, experiments/figure_data.py).
 """
 
 from __future__ import annotations
